@@ -1,0 +1,1 @@
+"""Settings: the schema (`config.settings`) and the loader (`config.loader`)."""

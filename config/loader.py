@@ -1,0 +1,227 @@
+"""Load settings: defaults < TOML file < `ONNXPOOL_<SECTION>__<KEY>` environment.
+
+Also records where each effective value came from, for `onnxpool config`, and
+turns pydantic's errors into one line that names the key, the value, its
+source and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from config.settings import Settings
+
+ENV_PREFIX = "ONNXPOOL_"
+ENV_CONFIG_FILE = "ONNXPOOL_CONFIG"
+CONFIG_DIR = Path(__file__).resolve().parent
+DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
+# Settings whose values are file paths: relative ones are resolved against the
+# TOML file's folder (or, for env values, the current directory) at load time,
+# so workers and tools never depend on the directory they were started from.
+PATH_KEYS = (("model", "path"), ("model", "labels"))
+
+Key = tuple[str, ...]
+
+
+class ConfigError(ValueError):
+    """Settings could not be loaded; the message is one line meant for an operator."""
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """Validated settings plus, per dotted key, where the value came from."""
+
+    settings: Settings
+    sources: dict[str, str] = field(default_factory=dict)
+    config_file: Path | None = None
+
+
+def config_path_from(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
+    """The config file to read: --config, else $ONNXPOOL_CONFIG, else config/onnxpool.toml."""
+    if explicit:
+        return Path(explicit)
+    if environ.get(ENV_CONFIG_FILE):
+        return Path(environ[ENV_CONFIG_FILE])
+    return DEFAULT_CONFIG_FILE
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> LoadedSettings:
+    """Read, merge and validate settings; raise ConfigError with a one-line message."""
+    env = os.environ if environ is None else environ
+    config_file = config_path_from(path, env).resolve()
+    file_values = _read_toml(config_file)
+    env_values = _read_env(env)
+    merged: dict[str, Any] = {}
+    sources: dict[Key, str] = {}
+    for key, value in _leaves(file_values):
+        _assign(merged, key, _resolve_path(key, value, config_file.parent))
+        sources[key] = f"file {config_file}"
+    for key, (var, value) in env_values.items():
+        _assign(merged, key, _resolve_path(key, value, Path.cwd()))
+        sources[key] = f"env {var}"
+    for dotted, value in (overrides or {}).items():
+        key = tuple(dotted.split("."))
+        _assign(merged, key, value)
+        sources[key] = "override"
+    _resolve_default_paths(merged, sources)
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, merged, sources)) from None
+    every_key = {key: "default" for key in _schema_keys(Settings)}
+    every_key.update(sources)
+    return LoadedSettings(
+        settings=settings,
+        sources={".".join(k): v for k, v in sorted(every_key.items())},
+        config_file=config_file,
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Env values are TOML literals when they parse as one (4, true, [1, 2]), else strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
+    known = set(_schema_keys(Settings))
+    found: dict[Key, tuple[str, Any]] = {}
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX) or var == ENV_CONFIG_FILE:
+            continue
+        key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
+        if key not in known:
+            same_section = [k for k in known if k[:-1] == key[:-1]] or [k[:1] for k in known]
+            allowed = ", ".join(sorted({ENV_PREFIX + "__".join(k).upper() for k in same_section}))
+            raise ConfigError(f"unknown setting in environment variable {var}; allowed: {allowed}")
+        found[key] = (var, _parse_env_value(raw))
+    return found
+
+
+def _leaves(tree: Mapping[str, Any], prefix: Key = ()) -> Iterator[tuple[Key, Any]]:
+    for name, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, (*prefix, name))
+        else:
+            yield (*prefix, name), value
+
+
+def _assign(tree: dict[str, Any], key: Key, value: Any) -> None:
+    node = tree
+    for part in key[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[key[-1]] = value
+
+
+def _resolve_path(key: Key, value: Any, base: Path) -> Any:
+    if key in PATH_KEYS and isinstance(value, str) and value:
+        candidate = Path(value).expanduser()
+        return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+    return value
+
+
+def _resolve_default_paths(merged: dict[str, Any], sources: dict[Key, str]) -> None:
+    """Defaults name the bundled demo model relative to this folder."""
+    for key in PATH_KEYS:
+        if key in sources:
+            continue
+        default = getattr(getattr(Settings(), key[0]), key[1])
+        if default is not None:
+            _assign(merged, key, str((CONFIG_DIR / default).resolve()))
+
+
+def _schema_keys(model: type[BaseModel], prefix: Key = ()) -> Iterator[Key]:
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _schema_keys(annotation, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+def _schema_key_of(loc: tuple[int | str, ...]) -> Key:
+    """The longest prefix of a pydantic error location that is a settings key or section."""
+    model: type[BaseModel] | None = Settings
+    key: list[str] = []
+    for part in loc:
+        if model is None or not isinstance(part, str):
+            break
+        key.append(part)
+        info = model.model_fields.get(part)
+        annotation = info.annotation if info else None
+        is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation if is_section else None  # type: ignore[assignment]
+    return tuple(key)
+
+
+def _lookup(tree: Mapping[str, Any], key: Key) -> Any:
+    node: Any = tree
+    for part in key:
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _describe(exc: ValidationError, merged: Mapping[str, Any], sources: Mapping[Key, str]) -> str:
+    problems: dict[Key, list[str]] = {}
+    for error in exc.errors():
+        key = _schema_key_of(error["loc"])
+        if error["type"] == "extra_forbidden":
+            section = key[:-1]
+            owner = _section_model(section)
+            allowed = ", ".join(owner.model_fields) if owner else "?"
+            where = sources.get(key, "input")
+            problems.setdefault(key, []).append(f"unknown key (from {where}); allowed here: {allowed}")
+            continue
+        message = error["msg"].removeprefix("Value error, ")
+        problems.setdefault(key, []).append(message)
+    parts = []
+    for key, messages in problems.items():
+        dotted = ".".join(key) or "settings"
+        if messages[0].startswith("unknown key"):
+            parts.append(f"{dotted}: {messages[0]}")
+            continue
+        value = _lookup(merged, key)
+        where = sources.get(key, "default")
+        parts.append(f"{dotted} = {value!r} (from {where}): {' or '.join(dict.fromkeys(messages))}")
+    return "invalid settings: " + "; ".join(parts)
+
+
+def _section_model(section: Key) -> type[BaseModel] | None:
+    model: type[BaseModel] = Settings
+    for part in section:
+        info = model.model_fields.get(part)
+        annotation = info.annotation if info else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model

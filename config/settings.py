@@ -1,0 +1,219 @@
+"""The settings schema: every key onnxpool reads, with its default and its check.
+
+Each field is declared once, here, with a docstring under it; the TOML file,
+the environment overrides and `onnxpool config` all go through this schema.
+This module does no I/O (the loader in `config.loader` reads files and env).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Auto = Literal["auto"]
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are checked strictly."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ServerSettings(Section):
+    """`[server]`: how gunicorn binds, how many processes, and their limits."""
+
+    bind: str = "127.0.0.1:8000"
+    """Address to listen on: `HOST:PORT` or `unix:/path/to.sock`."""
+
+    workers: int | Auto = "auto"
+    """Worker processes; "auto" = usable cores / threads_per_worker."""
+
+    threads_per_worker: int | Auto = "auto"
+    """onnxruntime intra-op threads (= cores) per worker; "auto" = 1, or usable cores / workers."""
+
+    worker_class: Literal["sync", "gthread"] = "sync"
+    """`sync` (one request at a time, right behind nginx) or `gthread` (keep-alive clients)."""
+
+    http_threads: int = Field(default=4, ge=1, le=256)
+    """Request threads per worker when worker_class = "gthread" (inference stays serialised)."""
+
+    timeout: int = Field(default=30, ge=1)
+    """Seconds a worker may be silent (e.g. stuck in one inference) before it is replaced."""
+
+    graceful_timeout: int = Field(default=30, ge=0)
+    """Seconds in-flight requests get to finish on SIGTERM / HUP."""
+
+    keepalive: int = Field(default=5, ge=0)
+    """Seconds to hold an idle keep-alive connection (gthread)."""
+
+    max_requests: int = Field(default=0, ge=0)
+    """Recycle a worker after this many requests (0 = never)."""
+
+    max_requests_jitter: int = Field(default=0, ge=0)
+    """Random extra requests before recycling, so workers do not restart together."""
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger bodies get 413 before they are read."""
+
+    backlog: int = Field(default=2048, ge=1)
+    """Listen backlog: connections the kernel queues while every worker is busy."""
+
+    spin: bool = False
+    """Let onnxruntime's intra-op threads busy-wait between runs (lower latency, burns CPU)."""
+
+    control_socket: str = ""
+    """gunicorn 25+ control socket path for `gunicornc`; "" disables it (two instances never collide)."""
+
+    pidfile: str = ""
+    """Write the master's pid here ("" = no pidfile)."""
+
+    @field_validator("workers", "threads_per_worker")
+    @classmethod
+    def _positive_or_auto(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError('must be a positive integer or "auto"')
+        return value
+
+    @field_validator("bind")
+    @classmethod
+    def _bind_shape(cls, value: str) -> str:
+        if value.startswith("unix:"):
+            if len(value) <= len("unix:"):
+                raise ValueError("unix socket bind needs a path, e.g. unix:/run/onnxpool/onnxpool.sock")
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be HOST:PORT (e.g. 127.0.0.1:8000) or unix:/path.sock")
+        return value
+
+
+class PreprocessSettings(Section):
+    """`[model.preprocess]`: how an uploaded image becomes the model's input tensor.
+
+    normalised = (pixel * scale - mean) / std, per channel, in `channel_order`.
+    """
+
+    resize: int = Field(default=256, ge=1)
+    """Resize so the shorter side is this many pixels (keeps the aspect ratio)."""
+
+    crop: int = Field(default=224, ge=1)
+    """Centre crop to crop x crop pixels after the resize."""
+
+    mean: tuple[float, float, float] = (127.0, 127.0, 127.0)
+    """Per-channel mean subtracted after scaling (in channel_order)."""
+
+    std: tuple[float, float, float] = (128.0, 128.0, 128.0)
+    """Per-channel divisor after the mean (in channel_order)."""
+
+    scale: float = Field(default=1.0, gt=0)
+    """Pixel values (0..255) are multiplied by this first (e.g. 1/255)."""
+
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    """Tensor layout the model expects."""
+
+    channel_order: Literal["RGB", "BGR"] = "RGB"
+    """Channel order the model expects."""
+
+    dtype: Literal["float32", "float16", "uint8"] = "float32"
+    """Element type of the input tensor."""
+
+    resample: Literal["bilinear", "bicubic", "nearest", "lanczos"] = "bilinear"
+    """Resampling filter for the resize."""
+
+    @field_validator("std")
+    @classmethod
+    def _nonzero_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(v == 0 for v in value):
+            raise ValueError("std values must be non-zero")
+        return value
+
+    @model_validator(mode="after")
+    def _crop_fits(self) -> PreprocessSettings:
+        if self.crop > self.resize:
+            raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
+        return self
+
+
+class ModelSettings(Section):
+    """`[model]`: the one model this server serves."""
+
+    name: str = Field(default="efficientnet-lite0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    """Name in URLs (/v2/models/{name}); letters, digits, `_ . -`."""
+
+    version: str = Field(default="1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Version reported in metadata and accepted in /versions/{v} URLs."""
+
+    path: Path = Path("../models/efficientnet-lite0/model.onnx")
+    """The .onnx file. Relative paths in the TOML file are relative to that file."""
+
+    labels: Path | None = Path("../models/efficientnet-lite0/labels.txt")
+    """UTF-8 file with one class name per line, in output-index order (optional)."""
+
+    input_name: str = ""
+    """Image input for /classify ("" = the model's first input)."""
+
+    output_name: str = ""
+    """Score output for /classify ("" = the model's first output)."""
+
+    postprocess: Literal["softmax", "sigmoid", "none"] = "softmax"
+    """What turns the output into scores: softmax (logits), sigmoid (multi-label), none."""
+
+    top_k: int = Field(default=5, ge=1)
+    """Default number of labels returned per image."""
+
+    warmup_runs: int = Field(default=3, ge=0, le=1000)
+    """Inferences each worker runs before it takes traffic (the first one is always slow)."""
+
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    """onnxruntime graph optimisation level."""
+
+    preprocess: PreprocessSettings = PreprocessSettings()
+
+
+class LimitsSettings(Section):
+    """`[limits]`: bounds on what one request may ask for."""
+
+    max_batch: int = Field(default=32, ge=1)
+    """Largest batch (first dimension / number of images) one request may run."""
+
+    max_queue_ms: int = Field(default=0, ge=0)
+    """Shed a request that waited longer than this before a worker took it (0 = off)."""
+
+    max_elements: int = Field(default=64 * 1024 * 1024, ge=1)
+    """Largest number of elements in one input tensor."""
+
+    max_json_depth: int = Field(default=64, ge=2, le=1000)
+    """Deepest nesting allowed in a JSON request body."""
+
+    max_images: int = Field(default=16, ge=1)
+    """Most images in one /classify request."""
+
+    max_image_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    """Largest single uploaded image file."""
+
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    """Largest width x height accepted; checked from the header, before decoding."""
+
+
+class LoggingSettings(Section):
+    """`[logging]`: one format for gunicorn's and the app's lines."""
+
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    """Log level of the master, the workers and the app."""
+
+    format: Literal["text", "json"] = "text"
+    """`text` (human) or `json` (one JSON object a line, for log shippers)."""
+
+    access_log: bool = True
+    """Log one line per request."""
+
+
+class Settings(Section):
+    """All of onnxpool's settings."""
+
+    server: ServerSettings = ServerSettings()
+    model: ModelSettings = ModelSettings()
+    limits: LimitsSettings = LimitsSettings()
+    logging: LoggingSettings = LoggingSettings()

@@ -1,0 +1,1 @@
+"""Per-process runtime: core partition, slots, the session, gunicorn hook bodies."""

@@ -1,0 +1,140 @@
+"""Which cores this server may use, and which of them each worker slot gets.
+
+"Usable cores" is the inherited affinity mask (taskset, cpuset) further cut to
+the cgroup CPU quota (a container limited to 2 CPUs on a 64-core node gets 2),
+so the default worker count is right on bare metal and in pods alike. This
+module does no process changes; the post_fork hook applies what it computes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def affinity_cores() -> list[int]:
+    """Cores this process may run on, lowest first (honours taskset and cpusets)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def _quota_v2(text: str) -> float | None:
+    """cgroup v2 `cpu.max`: "max 100000" (no limit) or "200000 100000" (2 CPUs)."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    quota, period = int(parts[0]), int(parts[1])
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _quota_v1(quota_text: str, period_text: str) -> float | None:
+    """cgroup v1 `cpu.cfs_quota_us` (-1 = no limit) over `cpu.cfs_period_us`."""
+    quota, period = int(quota_text.strip()), int(period_text.strip())
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _ancestors(relative: str) -> list[str]:
+    """A cgroup path and each parent up to the root: a limit anywhere above applies."""
+    parts = [p for p in relative.split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> float | None:
+    """The tightest CPU quota over this process's cgroup and its parents, in CPUs; None = none.
+
+    Reads cgroup v2 (`cpu.max`) and v1 (`cpu,cpuacct/cpu.cfs_quota_us`). Inside a
+    container the cgroup namespace makes the process's own cgroup appear as the
+    root, so the root files are checked as well.
+    """
+    membership = _read(proc_cgroup) or ""
+    limits: list[float] = []
+    for line in membership.splitlines():
+        hierarchy_id, _, rest = line.partition(":")
+        controllers, _, relative = rest.partition(":")
+        if hierarchy_id == "0" and controllers == "":
+            for part in _ancestors(relative):
+                text = _read(root / part / "cpu.max")
+                limit = _quota_v2(text) if text else None
+                if limit is not None:
+                    limits.append(limit)
+        elif "cpu" in controllers.split(","):
+            mount = next(
+                (root / name for name in ("cpu,cpuacct", "cpuacct,cpu", "cpu") if (root / name).is_dir()),
+                None,
+            )
+            if mount is None:
+                continue
+            for part in _ancestors(relative):
+                quota, period = _read(mount / part / "cpu.cfs_quota_us"), _read(mount / part / "cpu.cfs_period_us")
+                limit = _quota_v1(quota, period) if quota and period else None
+                if limit is not None:
+                    limits.append(limit)
+    return min(limits) if limits else None
+
+
+def usable_cores(affinity: list[int] | None = None, cpu_limit: float | bool | None = False) -> list[int]:
+    """The cores workers are spread over: the affinity mask, cut to ceil(cgroup quota).
+
+    `cpu_limit=False` means "read it from the cgroup files"; pass a number or None
+    to decide it (tests do).
+    """
+    cores = affinity_cores() if affinity is None else sorted(affinity)
+    limit = cgroup_cpu_limit() if cpu_limit is False else cpu_limit
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+        cores = cores[: max(1, math.ceil(limit - 1e-9))]
+    return cores
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the usable cores are split: `workers` processes x `threads` cores each."""
+
+    cores: tuple[int, ...]
+    workers: int
+    threads: int
+
+    @property
+    def slots(self) -> int:
+        """Number of disjoint core shares (at least 1)."""
+        return max(1, len(self.cores) // self.threads)
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More threads than cores: throughput drops; allowed, with a loud warning."""
+        return self.workers * self.threads > len(self.cores)
+
+    def core_share_for(self, slot: int) -> tuple[int, ...]:
+        """The cores slot `slot` is pinned to; slots past the last share wrap around."""
+        n = len(self.cores)
+        if self.threads >= n:
+            return self.cores
+        start = (slot % self.slots) * self.threads
+        return tuple(self.cores[(start + j) % n] for j in range(self.threads))
+
+
+def plan_layout(cores: list[int], workers: int | str, threads: int | str) -> Layout:
+    """Resolve "auto" worker and thread counts against the usable cores.
+
+    Both auto: one single-threaded worker per core (the fastest layout for most
+    CPU models, see DESIGN.md). One given: the other fills the cores.
+    """
+    n = max(1, len(cores))
+    if isinstance(threads, int):
+        t = threads
+    elif isinstance(workers, int):
+        t = max(1, n // workers)
+    else:
+        t = 1
+    w = workers if isinstance(workers, int) else max(1, n // t)
+    return Layout(cores=tuple(cores), workers=w, threads=t)

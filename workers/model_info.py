@@ -1,0 +1,79 @@
+"""What a loaded model looks like: its inputs and outputs, independent of HTTP.
+
+Built from an onnxruntime session (in a worker or in the master's probe
+subprocess) and read by the server to validate requests and describe the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# onnxruntime's type strings -> numpy dtypes. BYTES/strings are not served.
+ONNX_TO_NUMPY: dict[str, np.dtype] = {
+    "tensor(bool)": np.dtype(np.bool_),
+    "tensor(uint8)": np.dtype(np.uint8),
+    "tensor(uint16)": np.dtype(np.uint16),
+    "tensor(uint32)": np.dtype(np.uint32),
+    "tensor(uint64)": np.dtype(np.uint64),
+    "tensor(int8)": np.dtype(np.int8),
+    "tensor(int16)": np.dtype(np.int16),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(double)": np.dtype(np.float64),
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output. `shape` uses -1 for a dynamic dimension."""
+
+    name: str
+    onnx_type: str
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The numpy dtype, or None for types onnxpool does not serve (e.g. strings)."""
+        return ONNX_TO_NUMPY.get(self.onnx_type)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, "type": self.onnx_type, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> TensorSpec:
+        shape = data["shape"]
+        assert isinstance(shape, list)
+        return cls(name=str(data["name"]), onnx_type=str(data["type"]), shape=tuple(int(d) for d in shape))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The model's inputs and outputs, in the order the model declares them."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, list[dict[str, object]]]) -> ModelInfo:
+        return cls(
+            inputs=tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+        )
+
+
+def static_shape(spec: TensorSpec, batch: int = 1) -> tuple[int, ...]:
+    """A concrete shape for a spec: dynamic dims become `batch` (first) or 1 (others)."""
+    return tuple(d if d >= 0 else (batch if i == 0 else 1) for i, d in enumerate(spec.shape))

@@ -1,0 +1,153 @@
+"""Build the worker's ONE onnxruntime session, warm it up, and run inferences.
+
+Process rule: a session (and its thread pool) must be created in the process
+that uses it, AFTER gunicorn forks; an onnxruntime thread pool does not survive
+fork. The master therefore never calls `build_session`; it validates the model
+in a throw-away subprocess (`workers.model_probe`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from workers.model_info import ModelInfo, TensorSpec, static_shape
+
+OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _dims(shape: Sequence[object]) -> tuple[int, ...]:
+    """onnxruntime reports symbolic dims as strings or None: those are dynamic (-1)."""
+    return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
+
+
+def model_info_of(session: ort.InferenceSession) -> ModelInfo:
+    """Inputs and outputs of a session, as a ModelInfo."""
+    return ModelInfo(
+        inputs=tuple(TensorSpec(i.name, i.type, _dims(i.shape)) for i in session.get_inputs()),
+        outputs=tuple(TensorSpec(o.name, o.type, _dims(o.shape)) for o in session.get_outputs()),
+    )
+
+
+def build_session(
+    model_path: Path, intra_op_threads: int, spin: bool = False, optimization: str = "all"
+) -> ort.InferenceSession:
+    """One CPU session with EXPLICIT thread counts.
+
+    onnxruntime sizes its default pool from the machine's core count and ignores
+    the affinity mask, so N pinned workers with defaults would each spawn one
+    thread per core and fight over them; the count is therefore always set.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = OPT_LEVELS[optimization]
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
+    return ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    """Timings of the model load and the warm-up runs, for logs and metrics."""
+
+    load_seconds: float
+    run_seconds: tuple[float, ...]
+
+    @property
+    def total_seconds(self) -> float:
+        return self.load_seconds + sum(self.run_seconds)
+
+
+def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], None] | None = None) -> list[float]:
+    """Run `runs` inferences on zeros so the first real request is not the slow one."""
+    info = model_info_of(session)
+    feeds = {}
+    for spec in info.inputs:
+        dtype = spec.dtype
+        if dtype is None:
+            return []  # string inputs: nothing sensible to synthesise
+        feeds[spec.name] = np.zeros(static_shape(spec), dtype=dtype)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+        if heartbeat is not None:
+            heartbeat()
+    return times
+
+
+class SessionRuntime:
+    """The process's one session behind a lock.
+
+    The lock matters for gunicorn's gthread workers: concurrent request threads
+    take turns, so a worker never runs two inferences at once on its core share
+    (which would oversubscribe it). Under sync workers it is never contended.
+    """
+
+    def __init__(self) -> None:
+        self._session: ort.InferenceSession | None = None
+        self._info: ModelInfo | None = None
+        self._lock = threading.Lock()
+        self.intra_op_threads = 0
+        self.warmup: WarmupReport | None = None
+
+    def load(
+        self,
+        model_path: Path,
+        intra_op_threads: int,
+        *,
+        spin: bool = False,
+        optimization: str = "all",
+        warmup_runs: int = 3,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> WarmupReport:
+        """Build the session and warm it up; the runtime is ready when this returns."""
+        start = time.perf_counter()
+        session = build_session(model_path, intra_op_threads, spin, optimization)
+        load_seconds = time.perf_counter() - start
+        runs = warm_up(session, warmup_runs, heartbeat)
+        with self._lock:
+            self._session, self._info = session, model_info_of(session)
+            self.intra_op_threads = intra_op_threads
+            self.warmup = WarmupReport(load_seconds, tuple(runs))
+        return self.warmup
+
+    @property
+    def ready(self) -> bool:
+        return self._session is not None
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info
+
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the model; returns outputs by name (all outputs when output_names is None)."""
+        session, info = self._session, self._info
+        if session is None or info is None:
+            raise RuntimeError("model is not loaded in this process")
+        names = list(output_names) if output_names else [o.name for o in info.outputs]
+        with self._lock:
+            results = session.run(names, dict(feeds))
+        return dict(zip(names, results, strict=True))
+
+
+# The one runtime of this process. post_fork fills it in each worker; the
+# master's copy stays empty (no onnxruntime session may exist there at fork).
+RUNTIME = SessionRuntime()
