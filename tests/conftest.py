@@ -1,0 +1,31 @@
+"""Shared fixtures: a clean onnxpool environment for every test, and one real server per module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Server, start_server
+
+
+@pytest.fixture(autouse=True)
+def _clean_onnxpool_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ONNXPOOL_* variable from the caller's shell leaks into a test."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("ONNXPOOL_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real gunicorn onnxpool (2 workers, demo model) shared by a test module."""
+    tmp: Path = tmp_path_factory.mktemp("server")
+    srv = start_server(tmp, {"ONNXPOOL_SERVER__WORKERS": "2"}, workers=2)
+    try:
+        yield srv
+    finally:
+        srv.stop()
