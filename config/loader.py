@@ -66,7 +66,8 @@ def load_settings(
     sources: dict[Key, str] = {}
     for key, value in _leaves(file_values):
         _assign(merged, key, _resolve_path(key, value, config_file.parent))
-        sources[key] = f"file {config_file}"
+        if not isinstance(value, Mapping):  # an empty [table] is no value of its own
+            sources[key] = f"file {config_file}"
     for key, (var, value) in env_values.items():
         _assign(merged, key, _resolve_path(key, value, Path.cwd()))
         sources[key] = f"env {var}"
@@ -125,7 +126,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
 
 def _leaves(tree: Mapping[str, Any], prefix: Key = ()) -> Iterator[tuple[Key, Any]]:
     for name, value in tree.items():
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and value:
             yield from _leaves(value, (*prefix, name))
         else:
             yield (*prefix, name), value
@@ -138,6 +139,8 @@ def _assign(tree: dict[str, Any], key: Key, value: Any) -> None:
         if not isinstance(child, dict):
             child = node[part] = {}
         node = child
+    if isinstance(value, Mapping) and isinstance(node.get(key[-1]), dict):
+        return  # an empty [table] must not wipe values already merged into it
     node[key[-1]] = value
 
 

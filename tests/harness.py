@@ -149,10 +149,12 @@ def start_server(
     bind: str | None = None,
     name: str = "server",
     timeout: float = 60.0,
+    cpus: str | None = None,
 ) -> Server:
     """Start `python -m gunicorn -c gunicorn.conf.py` on a free port, as its own process group.
 
-    `settings` are ONNXPOOL_* environment overrides, e.g. {"ONNXPOOL_SERVER__WORKERS": "2"}.
+    `settings` are ONNXPOOL_* environment overrides, e.g. {"ONNXPOOL_SERVER__WORKERS": "2"};
+    `cpus` starts it under `taskset -c CPUS`, like an operator limiting its cores.
     """
     port = free_port()
     env = clean_env(settings)
@@ -163,7 +165,14 @@ def start_server(
     log_path = tmp_path / f"{name}-{port}.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(REPO / "gunicorn.conf.py")],
+            [
+                *(["taskset", "-c", cpus] if cpus else []),
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-c",
+                str(REPO / "gunicorn.conf.py"),
+            ],
             cwd=REPO,
             env=env,
             stdout=log_file,
@@ -174,7 +183,7 @@ def start_server(
     server = Server(process=process, port=port, log_path=log_path, env=env, bind=env["ONNXPOOL_SERVER__BIND"])
     if wait:
         try:
-            server.wait_ready(workers or len(os.sched_getaffinity(0)), timeout)
+            server.wait_ready(workers or len(parse_cpu_list(cpus) if cpus else os.sched_getaffinity(0)), timeout)
         except BaseException:
             server.stop()
             raise

@@ -1,0 +1,229 @@
+"""The pre-fork pool through REAL gunicorn: pinning, one session per worker, replacement, v2 over HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import requests
+
+from tests.harness import DEMO_MODEL, MODEL_NAME, Server, parse_cpu_list, proc_status, running_server
+
+INFER = f"/v2/models/{MODEL_NAME}/infer"
+
+
+def shares(server: Server) -> dict[int, set[int]]:
+    return {pid: parse_cpu_list(proc_status(pid)["Cpus_allowed_list"]) for pid in server.ready_workers()}
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    """The same model called in-process with onnxruntime (the ground truth)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(DEMO_MODEL), options, providers=["CPUExecutionProvider"])
+    result: np.ndarray = session.run(None, {"input": x})[0]
+    return result
+
+
+def infer_binary(url: str, x: np.ndarray, binary_output: bool = True) -> np.ndarray:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": list(x.shape),
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": binary_output}}],
+        }
+    ).encode()
+    reply = requests.post(
+        url + INFER,
+        data=header + x.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text
+    if not binary_output:
+        out = reply.json()["outputs"][0]
+        return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
+    n = int(reply.headers["Inference-Header-Content-Length"])
+    meta = json.loads(reply.content[:n])["outputs"][0]
+    assert meta["parameters"]["binary_data_size"] == len(reply.content) - n
+    return np.frombuffer(reply.content[n:], dtype=np.float32).reshape(meta["shape"])
+
+
+def infer_json(url: str, x: np.ndarray) -> np.ndarray:
+    doc = {"id": "req-7", "inputs": [{"name": "input", "datatype": "FP32", "shape": list(x.shape), "data": x.tolist()}]}
+    reply = requests.post(url + INFER, json=doc, timeout=30)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["Content-Type"].startswith("application/json")
+    body = reply.json()
+    assert body["id"] == "req-7" and body["model_name"] == MODEL_NAME
+    out = body["outputs"][0]
+    assert out["name"] == "logits" and out["datatype"] == "FP32"
+    return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
+
+
+def test_ready_and_metadata(server: Server) -> None:
+    assert requests.get(server.url + "/v2/health/ready", timeout=5).json() == {"ready": True}
+    assert requests.get(server.url + "/v2/health/live", timeout=5).status_code == 200
+    meta = requests.get(server.url + "/v2", timeout=5).json()
+    assert meta["name"] == "onnxpool" and "binary_tensor_data" in meta["extensions"]
+    model = requests.get(f"{server.url}/v2/models/{MODEL_NAME}", timeout=5).json()
+    assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
+    assert model["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 1000]}]
+    assert requests.get(f"{server.url}/v2/models/{MODEL_NAME}/ready", timeout=5).status_code == 200
+    assert requests.get(f"{server.url}/v2/models/{MODEL_NAME}/versions/1/ready", timeout=5).status_code == 200
+
+
+def test_workers_pinned_to_disjoint_shares_with_one_thread_each(server: Server) -> None:
+    by_worker = shares(server)
+    assert len(by_worker) == 2
+    cores = list(by_worker.values())
+    assert cores[0].isdisjoint(cores[1])
+    assert set().union(*cores) == set(os.sched_getaffinity(0)) or len(os.sched_getaffinity(0)) > 2
+    for pid, share in by_worker.items():
+        # intra-op threads = share size: with 1 thread onnxruntime runs on the caller's thread,
+        # so the sync worker process has exactly one OS thread.
+        assert int(proc_status(pid)["Threads"]) == len(share)
+        assert f"pid={pid} cores={','.join(map(str, sorted(share)))} threads={len(share)}" in server.log()
+
+
+def test_taskset_mask_is_honoured(tmp_path: Path) -> None:
+    with running_server(tmp_path, cpus="1") as srv:
+        assert list(shares(srv).values()) == [{1}]
+
+
+def test_one_worker_two_threads_gets_both_cores(tmp_path: Path) -> None:
+    settings = {"ONNXPOOL_SERVER__WORKERS": "1", "ONNXPOOL_SERVER__THREADS_PER_WORKER": "2"}
+    with running_server(tmp_path, settings, workers=1, cpus="0,1") as srv:
+        [(pid, share)] = shares(srv).items()
+        assert share == {0, 1}
+        assert int(proc_status(pid)["Threads"]) == 2  # the caller + one pool thread
+
+
+def test_warm_up_ran_before_ready(server: Server) -> None:
+    lines = [line for line in server.log().splitlines() if "worker ready:" in line]
+    assert len(lines) >= 2
+    assert all("warm-up 3 runs (first" in line for line in lines)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_infer_matches_in_process_onnxruntime(server: Server, batch: int) -> None:
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    expected = reference(x)
+    for got in (infer_binary(server.url, x), infer_binary(server.url, x, False), infer_json(server.url, x)):
+        assert got.shape == (batch, 1000)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_kill_9_worker_under_load_gets_replaced_on_the_same_cores(tmp_path: Path) -> None:
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "2"}, workers=2) as srv:
+        before = shares(srv)
+        victim, victim_cores = next(iter(before.items()))
+        x = np.zeros((1, 3, 224, 224), dtype=np.float32)
+        stop = threading.Event()
+        results: list[bool] = []
+
+        def load() -> None:
+            while not stop.is_set():
+                try:
+                    infer_binary(srv.url, x)
+                    results.append(True)
+                except (requests.RequestException, AssertionError):
+                    results.append(False)
+
+        clients = [threading.Thread(target=load) for _ in range(3)]
+        for t in clients:
+            t.start()
+        try:
+            time.sleep(0.5)
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            replacement = [p for p in srv.wait_ready(2, timeout=30, exclude={victim}) if p not in before]
+            recovered_in = time.monotonic() - killed_at
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(30)
+        assert len(replacement) == 1 and recovered_in < 10
+        assert shares(srv)[replacement[0]] == victim_cores
+        assert results.count(True) > 10
+        assert results.count(False) <= 3  # at most the requests in flight on the killed worker
+        assert infer_binary(srv.url, x).shape == (1, 1000)
+
+
+def raw_request(
+    server: Server, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        reply = conn.getresponse()
+        status, data = reply.status, reply.read()
+    finally:
+        conn.close()
+    assert reply.getheader("Content-Type", "").startswith("application/json"), data
+    return status, json.loads(data)
+
+
+def good_input(**overrides: object) -> dict[str, object]:
+    entry: dict[str, object] = {"name": "input", "datatype": "FP32", "shape": [1, 3, 224, 224], "data": [0.0] * 150528}
+    entry.update(overrides)
+    return {"inputs": [entry]}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status", "message"),
+    [
+        ("POST", INFER, b"{not json", {}, 400, "not valid JSON"),
+        ("POST", INFER, b"{}", {}, 400, "non-empty 'inputs'"),
+        ("POST", INFER, json.dumps(good_input(name="pixels")).encode(), {}, 400, "unknown input 'pixels'"),
+        ("POST", INFER, json.dumps(good_input(datatype="INT64")).encode(), {}, 400, "the model expects FP32"),
+        ("POST", INFER, json.dumps(good_input(shape=[1, 3, 32, 32])).encode(), {}, 400, "dimension 2 must be 224"),
+        ("POST", INFER, json.dumps(good_input(data=[0.0] * 10)).encode(), {}, 400, "has 10 values"),
+        ("POST", INFER, json.dumps(good_input(shape=[30, 3, 224, 224])).encode(), {}, 400, "has 150528 values"),
+        ("POST", INFER, json.dumps(good_input(shape=[10**6, 3, 224, 224])).encode(), {}, 413, "batch size 1000000"),
+        ("POST", INFER, b"{}", {"Inference-Header-Content-Length": "x"}, 400, "must be a non-negative integer"),
+        ("POST", "/v2/models/resnet/infer", b"{}", {}, 404, "unknown model 'resnet'"),
+        ("POST", f"/v2/models/{MODEL_NAME}/versions/9/infer", b"{}", {}, 404, "has no version '9'"),
+        ("GET", INFER, b"", {}, 405, "method GET is not allowed"),
+        ("DELETE", "/v2/health/ready", b"", {}, 405, "not allowed"),
+        ("GET", "/nothing/here", b"", {}, 404, "no route /nothing/here"),
+    ],
+)
+def test_malformed_requests_get_a_4xx_naming_the_problem(
+    server: Server, method: str, path: str, body: bytes, headers: dict[str, str], status: int, message: str
+) -> None:
+    workers = server.workers()
+    got_status, reply = raw_request(server, method, path, body, headers)
+    assert got_status == status
+    assert message in reply["error"]
+    assert server.workers() == workers  # nobody died
+
+
+def test_body_over_the_limit_is_refused_before_it_is_read(server: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.putrequest("POST", INFER)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(64 * 1024 * 1024))
+        conn.endheaders()  # not one byte of the declared 64 MiB is sent
+        reply = conn.getresponse()
+        assert reply.status == 413
+        assert "the limit is 16777216" in json.loads(reply.read())["error"]
+    finally:
+        conn.close()
+    assert requests.get(server.url + "/v2/health/ready", timeout=5).status_code == 200
