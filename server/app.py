@@ -7,7 +7,8 @@ so the gunicorn master can preload it safely before forking workers.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
@@ -26,6 +27,8 @@ class ServerContext:
 
     settings: Settings
     backend: InferenceBackend
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Per-feature state built once per app (e.g. the image pipeline), keyed by feature."""
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -76,15 +79,20 @@ def _check_body_size() -> None:
 
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     """Build the WSGI app for one model served by `backend`."""
+    from server.routes_image import ImageService
+    from server.routes_image import blueprint as image_blueprint
     from server.routes_v2 import blueprint as v2_blueprint
 
     app = Flask("onnxpool")
     # Werkzeug enforces this while streaming bodies without a Content-Length.
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
-    app.extensions["onnxpool"] = ServerContext(settings=settings, backend=backend)
+    ctx = ServerContext(settings=settings, backend=backend)
+    ctx.extras["image"] = ImageService.from_settings(settings)
+    app.extensions["onnxpool"] = ctx
     app.before_request(_check_body_size)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
+    app.register_blueprint(image_blueprint)
     return app

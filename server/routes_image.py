@@ -1,0 +1,105 @@
+"""The image endpoint: upload photos, get labels (`/v2/models/{m}/classify`, alias `/predict`).
+
+Accepts multipart/form-data with one or more files in the field `image`, or a
+raw body whose Content-Type is `image/*`. All images of one request run as ONE
+batched inference. Preprocessing is declared in `[model.preprocess]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from flask import Blueprint, Response, request
+
+from config.settings import Settings
+from server.app import context, json_response
+from server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from server.imaging import ImagePipeline
+from server.postprocess import load_labels, scores, top_k
+from server.routes_v2 import check_model, loaded_model
+
+blueprint = Blueprint("image", __name__)
+
+IMAGE_FIELD = "image"
+
+
+@dataclass
+class ImageService:
+    """Per-process image state, built once in the master and inherited by every worker."""
+
+    pipeline: ImagePipeline
+    labels: list[str] | None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ImageService:
+        labels = settings.model.labels
+        return cls(
+            pipeline=ImagePipeline(settings.model.preprocess, settings.limits),
+            labels=load_labels(labels) if labels is not None else None,
+        )
+
+
+def _service() -> ImageService:
+    service: ImageService = context().extras["image"]
+    return service
+
+
+def _uploads() -> tuple[list[bytes], list[str]]:
+    """The request's images and a name for each (used in error messages)."""
+    mimetype = request.mimetype
+    if mimetype == "multipart/form-data":
+        files = request.files.getlist(IMAGE_FIELD)
+        if not files:
+            fields = ", ".join(sorted(set(request.files) | set(request.form))) or "none"
+            raise BadRequest(f"multipart body has no file in field '{IMAGE_FIELD}' (fields sent: {fields})")
+        names = [f'image[{i}] "{f.filename or "unnamed"}"' for i, f in enumerate(files)]
+        return [f.read() for f in files], names
+    if mimetype.startswith("image/"):
+        return [request.get_data(cache=False)], [f"request body ({mimetype})"]
+    raise UnsupportedMediaType(
+        f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
+        f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"
+    )
+
+
+def _top_k(default: int, classes: int) -> int:
+    raw = request.args.get("top_k") or request.form.get("top_k")
+    if raw is None:
+        return min(default, classes)
+    try:
+        k = int(raw)
+    except ValueError:
+        raise BadRequest(f"top_k must be a positive integer, got {raw!r}") from None
+    if k < 1:
+        raise BadRequest(f"top_k must be a positive integer, got {k}")
+    return min(k, classes)
+
+
+def classify_images(model: str) -> Response:
+    ctx = context()
+    config = ctx.settings.model
+    check_model(model)
+    info = loaded_model()
+    input_name = config.input_name or info.inputs[0].name
+    output_name = config.output_name or info.outputs[0].name
+    images, names = _uploads()
+    if len(images) > ctx.settings.limits.max_batch:
+        raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
+    service = _service()
+    batch = service.pipeline.preprocess_batch(images, names)
+    outputs = ctx.backend.infer({input_name: batch}, [output_name])
+    result = np.asarray(outputs[output_name])
+    k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1)
+    predictions = top_k(scores(result, config.postprocess), k, service.labels)
+    return json_response({"model": config.name, "predictions": predictions})
+
+
+@blueprint.post("/v2/models/<model>/classify")
+def classify(model: str) -> Response:
+    return classify_images(model)
+
+
+@blueprint.post("/predict")
+def predict() -> Response:
+    return classify_images(context().settings.model.name)
