@@ -6,6 +6,8 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,17 @@ import onnxruntime as ort
 import pytest
 import requests
 
-from tests.harness import DEMO_MODEL, MODEL_NAME, Server, parse_cpu_list, proc_status, running_server
+from tests.harness import (
+    DEMO_MODEL,
+    MODEL_NAME,
+    REPO,
+    Server,
+    clean_env,
+    free_port,
+    parse_cpu_list,
+    proc_status,
+    running_server,
+)
 
 INFER = f"/v2/models/{MODEL_NAME}/infer"
 
@@ -227,3 +239,66 @@ def test_body_over_the_limit_is_refused_before_it_is_read(server: Server) -> Non
     finally:
         conn.close()
     assert requests.get(server.url + "/v2/health/ready", timeout=5).status_code == 200
+
+
+def test_gthread_workers_serve_concurrent_keepalive_clients(tmp_path: Path) -> None:
+    settings = {"ONNXPOOL_SERVER__WORKER_CLASS": "gthread", "ONNXPOOL_SERVER__HTTP_THREADS": "4"}
+    with running_server(tmp_path, settings, workers=2) as srv:
+        x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+        expected = reference(x)
+        errors: list[str] = []
+
+        def client() -> None:
+            with requests.Session() as session:  # keep-alive: gthread holds the connection
+                for _ in range(5):
+                    header = json.dumps(
+                        {
+                            "inputs": [
+                                {
+                                    "name": "input",
+                                    "datatype": "FP32",
+                                    "shape": [1, 3, 224, 224],
+                                    "parameters": {"binary_data_size": x.nbytes},
+                                }
+                            ],
+                            "parameters": {"binary_data_output": True},
+                        }
+                    ).encode()
+                    reply = session.post(
+                        srv.url + INFER,
+                        data=header + x.tobytes(),
+                        headers={"Inference-Header-Content-Length": str(len(header))},
+                        timeout=30,
+                    )
+                    n = int(reply.headers["Inference-Header-Content-Length"])
+                    got = np.frombuffer(reply.content[n:], dtype=np.float32).reshape(1, 1000)
+                    if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
+                        errors.append("wrong result")
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert len(shares(srv)) == 2
+
+
+def test_onnxpool_serve_command(tmp_path: Path) -> None:
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+            cwd=REPO,
+            env=clean_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    srv = Server(process=process, port=port, log_path=log_path)
+    try:
+        srv.wait_ready(1)
+        assert len(srv.workers()) == 1  # exec'd in place: gunicorn's master is this very pid
+    finally:
+        srv.stop()
