@@ -31,7 +31,7 @@ unit: install
 test: lint typecheck unit
 
 bench: install
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python -m bench.compare
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info
