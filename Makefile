@@ -31,7 +31,8 @@ unit: install
 test: lint typecheck unit
 
 bench: install
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python -m pip install --quiet -e '.[bench,baseline]'
+	$(BIN)/python -m bench.compare
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info

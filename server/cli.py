@@ -52,6 +52,27 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """Closed-loop HTTP load against a running server (logic in bench.httpbench)."""
+    from bench.cli import bench_command
+
+    return bench_command(args)
+
+
+def _limit(args: argparse.Namespace) -> int:
+    """In-process throughput limit of the model on this machine (logic in bench.limit)."""
+    from bench.cli import limit_command
+
+    return limit_command(args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """Pick workers x threads_per_worker by measuring (logic in bench.tune)."""
+    from bench.cli import tune_command
+
+    return tune_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnxpool", description="Serve an ONNX model over HTTP on CPUs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="print the effective settings and their sources")
     config.add_argument("--config", help="TOML settings file")
     config.set_defaults(func=_config)
+
+    from bench import cli as bench_cli  # argument declarations only; the measuring code loads on use
+
+    bench = commands.add_parser("bench", help="closed-loop load test of a running server, by concurrency")
+    bench_cli.add_bench_arguments(bench)
+    bench.set_defaults(func=_bench)
+
+    limit = commands.add_parser("limit", help="in-process throughput limit of a model here (no HTTP)")
+    bench_cli.add_limit_arguments(limit)
+    limit.set_defaults(func=_limit)
+
+    tune = commands.add_parser("tune", help="measure the worker layouts and recommend (or --write) the best")
+    bench_cli.add_tune_arguments(tune)
+    tune.set_defaults(func=_tune)
     return parser
 
 

@@ -1,200 +1,37 @@
-"""Start and stop REAL onnxpool servers (gunicorn) for tests and benchmarks.
+"""Start and stop REAL onnxpool servers (gunicorn) for tests.
 
-Each server runs in its own session (setsid), binds a free loopback port, and
-is stopped by killing exactly its own process group: never pkill.
+The code lives in `bench.servers` (`onnxpool tune` starts servers the same way);
+this module keeps the names the tests import.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from bench.servers import (
+    DATA,
+    DEMO_MODEL,
+    MODEL_NAME,
+    REPO,
+    Server,
+    children_of,
+    clean_env,
+    free_port,
+    parse_cpu_list,
+    proc_status,
+    running_server,
+    start_server,
+)
 
-import requests
-
-REPO = Path(__file__).resolve().parents[1]
-MODEL_NAME = "efficientnet-lite0"
-DEMO_MODEL = REPO / "models" / "efficientnet-lite0" / "model.onnx"
-DATA = REPO / "tests" / "data"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The current environment without onnxpool settings, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXPOOL_")}
-    env.update(extra or {})
-    return env
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children of a process, from /proc (gunicorn workers of a master)."""
-    kids: list[int] = []
-    with contextlib.suppress(FileNotFoundError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                kids.extend(int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
-    return sorted(kids)
-
-
-def proc_status(pid: int) -> dict[str, str]:
-    """/proc/<pid>/status as a dict (Cpus_allowed_list, Threads, VmRSS...)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    return fields
-
-
-def parse_cpu_list(text: str) -> set[int]:
-    """'0-2,5' -> {0, 1, 2, 5}."""
-    cores: set[int] = set()
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            cores.update(range(int(lo), int(hi) + 1))
-        elif part:
-            cores.add(int(part))
-    return cores
-
-
-@dataclass
-class Server:
-    """A running gunicorn master serving onnxpool."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    bind: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def workers(self) -> list[int]:
-        return children_of(self.pid)
-
-    def ready_workers(self) -> list[int]:
-        """Worker pids that logged 'worker ready' and are still alive."""
-        alive = set(self.workers())
-        ready = []
-        for line in self.log().splitlines():
-            if "worker ready:" in line and "pid=" in line:
-                pid = int(line.split("pid=")[1].split()[0])
-                if pid in alive:
-                    ready.append(pid)
-        return sorted(set(ready))
-
-    def wait_ready(self, workers: int, timeout: float = 60.0, exclude: set[int] | None = None) -> list[int]:
-        """Wait until `workers` workers (not in exclude) are warmed up and the port answers."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
-            ready = [p for p in self.ready_workers() if p not in (exclude or set())]
-            if len(ready) >= workers:
-                with contextlib.suppress(requests.RequestException):
-                    if requests.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
-                        return ready
-            time.sleep(0.05)
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL it if it lingers."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)  # stragglers of OUR group only
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(5)
-        return self.process.returncode
-
-
-def start_server(
-    tmp_path: Path,
-    settings: Mapping[str, str] | None = None,
-    *,
-    workers: int | None = None,
-    wait: bool = True,
-    config: Path | None = None,
-    bind: str | None = None,
-    name: str = "server",
-    timeout: float = 60.0,
-    cpus: str | None = None,
-) -> Server:
-    """Start `python -m gunicorn -c gunicorn.conf.py` on a free port, as its own process group.
-
-    `settings` are ONNXPOOL_* environment overrides, e.g. {"ONNXPOOL_SERVER__WORKERS": "2"};
-    `cpus` starts it under `taskset -c CPUS`, like an operator limiting its cores.
-    """
-    port = free_port()
-    env = clean_env(settings)
-    env["ONNXPOOL_SERVER__BIND"] = bind or f"127.0.0.1:{port}"
-    if config is not None:
-        env["ONNXPOOL_CONFIG"] = str(config)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    log_path = tmp_path / f"{name}-{port}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [
-                *(["taskset", "-c", cpus] if cpus else []),
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(REPO / "gunicorn.conf.py"),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    server = Server(process=process, port=port, log_path=log_path, env=env, bind=env["ONNXPOOL_SERVER__BIND"])
-    if wait:
-        try:
-            server.wait_ready(workers or len(parse_cpu_list(cpus) if cpus else os.sched_getaffinity(0)), timeout)
-        except BaseException:
-            server.stop()
-            raise
-    return server
-
-
-@contextlib.contextmanager
-def running_server(tmp_path: Path, settings: Mapping[str, str] | None = None, **kwargs: object) -> Iterator[Server]:
-    """`with running_server(tmp_path, {...}) as server:` — always stopped afterwards."""
-    server = start_server(tmp_path, settings, **kwargs)  # type: ignore[arg-type]
-    try:
-        yield server
-    finally:
-        server.stop()
+__all__ = [
+    "DATA",
+    "DEMO_MODEL",
+    "MODEL_NAME",
+    "REPO",
+    "Server",
+    "children_of",
+    "clean_env",
+    "free_port",
+    "parse_cpu_list",
+    "proc_status",
+    "running_server",
+    "start_server",
+]

@@ -1,0 +1,1 @@
+"""Baselines onnxpool is compared with (not onnxpool's code; see docs/BENCHMARKS.md)."""

@@ -1,0 +1,65 @@
+"""BASELINE, not onnxpool: the image-classifier service people commonly deploy today.
+
+FastAPI + `uvicorn --workers N`, one global onnxruntime session per worker
+process created at import with DEFAULT options (onnxruntime sizes its thread
+pool from the machine's core count), an `async def` endpoint that reads the
+upload and runs the model inline, Pillow + float numpy preprocessing. It
+exists only so `bench/compare.py` can measure onnxpool against it; it is kept
+deliberately ordinary, with the same preprocessing as config/onnxpool.toml
+(shorter side 256 bilinear, centre crop 224, (pixel - 127) / 128, RGB, NCHW).
+
+Run: uvicorn bench.baselines.fastapi_app:app --workers 2 --host 127.0.0.1 --port 8001
+(needs `pip install 'onnxpool[baseline]'`). BASELINE_MODEL / BASELINE_LABELS
+environment variables point it at another model.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from fastapi import FastAPI, File, HTTPException, UploadFile
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = Path(os.environ.get("BASELINE_MODEL", ROOT / "models" / "efficientnet-lite0" / "model.onnx"))
+LABELS = Path(os.environ.get("BASELINE_LABELS", ROOT / "models" / "efficientnet-lite0" / "labels.txt"))
+
+app = FastAPI(title="baseline classifier")
+session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+input_name = session.get_inputs()[0].name
+labels = LABELS.read_text(encoding="utf-8").splitlines()
+
+
+def preprocess(data: bytes) -> np.ndarray:
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    width, height = image.size
+    scale = 256 / min(width, height)
+    image = image.resize((round(width * scale), round(height * scale)), Image.Resampling.BILINEAR)
+    width, height = image.size
+    left, top = (width - 224) // 2, (height - 224) // 2
+    image = image.crop((left, top, left + 224, top + 224))
+    array = (np.asarray(image, dtype=np.float32) - 127.0) / 128.0
+    return array.transpose(2, 0, 1)[np.newaxis]
+
+
+@app.get("/health")
+def health() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@app.post("/predict")
+async def predict(image: UploadFile = File(...), top_k: int = 5) -> dict[str, object]:  # noqa: B008
+    data = await image.read()
+    try:
+        batch = preprocess(data)
+    except Exception as exc:
+        raise HTTPException(status_code=400, detail=f"cannot read image: {exc}") from None
+    logits = session.run(None, {input_name: batch})[0][0]
+    scores = np.exp(logits - logits.max())
+    scores /= scores.sum()
+    best = np.argsort(scores)[::-1][:top_k]
+    return {"predictions": [[{"label": labels[i], "index": int(i), "score": float(scores[i])} for i in best]]}

@@ -1,0 +1,248 @@
+"""Arguments and entry points of `onnxpool bench|limit|tune` (registered by `server.cli`).
+
+Each `*_command(args)` validates its arguments into an options object, runs the
+measurement from its own module, prints a table, and returns an exit code.
+Errors an operator can fix are one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.paths import CAT_JPEG
+
+
+def _seconds(text: str) -> float:
+    from bench.httpbench import parse_seconds
+
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    from bench.httpbench import parse_steps, unique_steps
+
+    try:
+        return unique_steps(parse_steps(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _output_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix.lower() not in (".csv", ".json"):
+        raise argparse.ArgumentTypeError(f"must end in .csv or .json, got {text!r}")
+    return path
+
+
+def _png_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"must end in .png, got {text!r}")
+    return path
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument(
+        "--mode",
+        choices=("v2-binary", "v2-json", "predict"),
+        default="v2-binary",
+        help="v2 infer with binary tensors (default), v2 infer with JSON tensors, or POST /predict with --image",
+    )
+    parser.add_argument("--concurrency", type=_steps, default=(1, 2, 4, 8), help="steps, e.g. 1,2,4,8 (default)")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--duration", type=_seconds, help="measured time per step, e.g. 10s (default 10s)")
+    length.add_argument("--requests", type=_positive, help="measured requests per step instead of a duration")
+    parser.add_argument("--warmup", type=_seconds, default=2.0, help="unmeasured warm-up per step (default 2s)")
+    parser.add_argument("--model", help="model name (default: [model].name of the config)")
+    parser.add_argument("--config", help="TOML settings file to read the model name from")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size / images per request (default 1)")
+    parser.add_argument("--image", type=Path, default=None, help=f"image for --mode predict (default {CAT_JPEG.name})")
+    parser.add_argument(
+        "--connections-per-process", type=_positive, default=2, help="client connections per load process (default 2)"
+    )
+    parser.add_argument("--output", type=_output_path, help="write the steps to a .csv or .json file")
+    parser.add_argument("--plot", type=_png_path, help="write a PNG: throughput and p99 vs concurrency")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _model_name(explicit: str | None, config: str | None) -> str:
+    if explicit:
+        return explicit
+    from config.loader import load_settings
+
+    return load_settings(config).settings.model.name
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    from bench.httpbench import BenchOptions, client_cpu_note, run_bench
+    from bench.plot import PlotUnavailable, plot_series
+    from bench.progress import Progress
+    from bench.report import format_table, step_rows, write_output
+    from config.loader import ConfigError
+
+    image = args.image
+    if args.mode == "predict":
+        image = image or CAT_JPEG
+        if not image.is_file():
+            return _fail(f"--image {image} is not a file")
+    try:
+        options = BenchOptions(
+            url=args.url.rstrip("/"),
+            mode=args.mode,
+            concurrency=args.concurrency,
+            warmup=args.warmup,
+            duration=None if args.requests else (args.duration or 10.0),
+            requests=args.requests,
+            model=_model_name(args.model, args.config),
+            batch=args.batch,
+            image=image,
+            conns_per_process=args.connections_per_process,
+        )
+        report = run_bench(options, Progress(enabled=not args.quiet))
+    except (ConfigError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    rows = step_rows(report.steps)
+    print(f"# {options.mode} against {options.url} (model {options.model}, batch {options.batch})")
+    print(format_table(rows))
+    print(client_cpu_note(report))
+    if args.output:
+        write_output(args.output, rows, report.meta())
+        print(f"wrote {args.output}")
+    if args.plot:
+        try:
+            plot_series(args.plot, {f"{options.mode} {options.url}": rows}, title=f"onnxpool bench: {options.model}")
+        except PlotUnavailable as exc:
+            return _fail(str(exc))
+        print(f"wrote {args.plot}")
+    failed = sum(s.ok for s in report.steps) == 0
+    return 1 if failed else 0
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", type=Path, help="ONNX file (default: [model].path of the config)")
+    parser.add_argument("--config", help="TOML settings file (model path, preprocessing, spin)")
+    parser.add_argument("--workers", type=_positive, help="processes (default: as `serve` would start)")
+    parser.add_argument("--threads-per-worker", type=_positive, help="intra-op threads = cores per process")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size per inference (default 1)")
+    parser.add_argument("--duration", type=_seconds, default=5.0, help="measured seconds (default 5s)")
+    parser.add_argument("--warmup", type=_seconds, default=1.0, help="unmeasured seconds first (default 1s)")
+    parser.add_argument(
+        "--pipeline",
+        choices=("raw", "image", "both"),
+        default="both",
+        help="raw tensors, decode+preprocess+infer of --image, or both (default; image skipped if unavailable)",
+    )
+    parser.add_argument("--image", type=Path, default=CAT_JPEG, help=f"image for the image pipeline ({CAT_JPEG.name})")
+
+
+def limit_command(args: argparse.Namespace) -> int:
+    from bench.limit import LimitPlan, image_pipeline_available, measure_limit
+    from bench.report import format_table
+    from config.loader import ConfigError, load_settings
+    from workers.cores import plan_layout, usable_cores
+
+    try:
+        settings = load_settings(args.config).settings
+    except ConfigError as exc:
+        return _fail(str(exc))
+    model = args.model or settings.model.path
+    if not Path(model).is_file():
+        return _fail(f"model file {model} does not exist")
+    workers = args.workers or settings.server.workers
+    threads = args.threads_per_worker or settings.server.threads_per_worker
+    layout = plan_layout(usable_cores(), workers, threads)
+    pipelines = ["raw", "image"] if args.pipeline == "both" else [args.pipeline]
+    if "image" in pipelines and not image_pipeline_available():
+        if args.pipeline == "image":
+            return _fail("the image pipeline (server.imaging) is not installed in this onnxpool")
+        print("image pipeline: skipped (server.imaging is not installed)", file=sys.stderr)
+        pipelines.remove("image")
+    rows = []
+    for pipeline in pipelines:
+        print(
+            f"measuring {pipeline} on {layout.workers}x{layout.threads} for {args.duration:.0f}s ...", file=sys.stderr
+        )
+        plan = LimitPlan(
+            Path(model),
+            layout,
+            batch=args.batch,
+            pipeline=pipeline,  # type: ignore[arg-type]
+            duration=args.duration,
+            warmup=args.warmup,
+            spin=settings.server.spin,
+            optimization=settings.model.graph_optimization_level,
+            image=args.image.read_bytes() if pipeline == "image" else None,
+            preprocess=settings.model.preprocess,
+            limits=settings.limits,
+        )
+        rows.append(measure_limit(plan).summary())
+    columns = (
+        ("pipeline", "pipeline", "{}"),
+        ("layout", "workers x threads", "{}"),
+        ("batch", "batch", "{}"),
+        ("items_per_s", "items/s", "{:.1f}"),
+        ("p50_ms", "p50 ms/call", "{:.1f}"),
+        ("p99_ms", "p99 ms/call", "{:.1f}"),
+    )
+    print(f"# in-process limit of {model} (pinned processes, no HTTP)")
+    print(format_table(rows, columns))
+    return 0
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML settings file the servers are started with")
+    parser.add_argument("--budget", type=_seconds, default=120.0, help="time bound for the whole run (default 120s)")
+    parser.add_argument(
+        "--concurrency", type=_positive, help="connections for the HTTP confirmation (default 2 x usable cores)"
+    )
+    parser.add_argument("--batches", type=_steps, default=(1, 4, 8), help="batch sizes measured in-process (1,4,8)")
+    parser.add_argument("--top", type=_positive, default=3, help="candidates confirmed over HTTP (default 3)")
+    parser.add_argument("--write", type=Path, help="update [server] workers/threads_per_worker in this TOML file")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from bench.progress import Progress
+    from bench.tune import TuneOptions, format_ranking, run_tune, write_winner
+    from config.loader import ConfigError
+
+    if args.write is not None and not args.write.is_file():
+        return _fail(f"--write {args.write}: no such file (tune updates an existing config)")
+    options = TuneOptions(
+        config=Path(args.config) if args.config else None,
+        budget=args.budget,
+        concurrency=args.concurrency,
+        batches=args.batches,
+        top=args.top,
+    )
+    try:
+        result = run_tune(options, Progress(enabled=not args.quiet))
+    except (ConfigError, RuntimeError, TimeoutError, OSError) as exc:
+        return _fail(str(exc))
+    print(format_ranking(result))
+    if result.winner is None:
+        return _fail("no layout could be confirmed over HTTP within the budget")
+    if args.write is not None:
+        write_winner(args.write, result)
+        print(
+            f"wrote [server] workers = {result.winner.workers}, threads_per_worker = {result.winner.threads} "
+            f"to {args.write}"
+        )
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"onnxpool: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,183 @@
+"""Side-by-side benchmark for docs/BENCHMARKS.md: onnxpool vs its in-process limit and vs FastAPI/uvicorn.
+
+One run, one machine, one server at a time (each is stopped before the next
+starts), same load generator and same request bytes:
+  1. in-process limit (`bench.limit`, raw tensors, onnxpool's default layout);
+  2. onnxpool (gunicorn, default settings): v2 binary tensors and /predict with the cat JPEG;
+  3. the baseline (`bench/baselines/fastapi_app.py` under `uvicorn --workers N`, N = usable cores):
+     /predict with the same JPEG.
+Writes a markdown table (ratios included) and a PNG plot.
+
+    python -m bench.compare --duration 20s --markdown docs/benchmarks-latest.md --plot docs/benchmarks.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
+from bench.limit import LimitPlan, measure_limit
+from bench.loadgen import StepResult
+from bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
+from bench.progress import Progress
+from bench.servers import Server, free_port, start_command, start_server
+from workers.cores import plan_layout, usable_cores
+
+
+def _bench(url: str, mode: str, steps: Sequence[int], args: argparse.Namespace, progress: Progress) -> list[StepResult]:
+    options = BenchOptions(
+        url=url,
+        mode=mode,  # type: ignore[arg-type]
+        concurrency=tuple(steps),
+        warmup=args.warmup,
+        duration=args.duration,
+        model=MODEL_NAME,
+        image=args.image if mode == "predict" else None,
+    )
+    return run_bench(options, progress).steps
+
+
+def _start_baseline(log_dir: Path, workers: int) -> Server:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.baselines.fastapi_app:app",
+        "--workers",
+        str(workers),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+    ]
+    return start_command(argv, log_dir, port, "/health", name="baseline", timeout=120)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if a > 0 and b > 0 else "-"
+
+
+def _fmt(step: StepResult) -> tuple[str, str]:
+    if step.ok == 0:
+        return "failed", "-"
+    return f"{step.items_per_second:.1f}", f"{step.percentile(99) * 1000:.1f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables for docs/BENCHMARKS.md from one compare run."""
+    limit, layout = results["limit"], results["layout"]
+    lines = [
+        f"Measured {results['when']} on {results['cores']} usable cores, onnxpool layout {layout}, "
+        f"{results['duration']:.0f} s per step after {results['warmup']:.0f} s warm-up.",
+        "",
+        "| what | concurrency | img/s | p99 ms | vs in-process limit |",
+        "|---|---|---|---|---|",
+        f"| in-process limit (raw tensors, no HTTP) | - | {limit:.1f} | - | 1.00x |",
+    ]
+    for step in results["onnxpool_binary"]:
+        rate, p99 = _fmt(step)
+        lines.append(
+            f"| onnxpool, v2 binary tensors | {step.concurrency} | {rate} | {p99} | "
+            f"{_ratio(step.items_per_second, limit)} |"
+        )
+    lines += [
+        "",
+        "| /predict, cat JPEG | concurrency | onnxpool img/s | onnxpool p99 ms | baseline img/s | baseline p99 ms "
+        "| throughput ratio | p99 ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for ours, base in zip(results["onnxpool_predict"], results["baseline_predict"], strict=True):
+        (r1, p1), (r2, p2) = _fmt(ours), _fmt(base)
+        p99_ratio = ours.percentile(99) / base.percentile(99) if ours.ok and base.ok else float("nan")
+        lines.append(
+            f"| | {ours.concurrency} | {r1} | {p1} | {r2} | {p2} | "
+            f"{_ratio(ours.items_per_second, base.items_per_second)} | "
+            + (f"{p99_ratio:.2f}x |" if p99_ratio == p99_ratio else "- |")
+        )
+    lines += ["", f"Load generator CPU: {results['client_cpu']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=parse_seconds, default=20.0, help="measured seconds per step (20s)")
+    parser.add_argument("--warmup", type=parse_seconds, default=3.0, help="warm-up seconds per step (3s)")
+    parser.add_argument("--concurrency", type=parse_steps, default=(4, 8), help="steps (default 4,8)")
+    parser.add_argument("--image", type=Path, default=CAT_JPEG, help="JPEG for /predict (the cat)")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--plot", type=Path, help="write the PNG plot here")
+    parser.add_argument("--skip-baseline", action="store_true", help="only onnxpool and the limit")
+    args = parser.parse_args(argv)
+    if not args.skip_baseline and not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "multipart")):
+        print("the baseline needs: pip install 'onnxpool[baseline]' (or use --skip-baseline)", file=sys.stderr)
+        return 2
+
+    progress = Progress()
+    cores = usable_cores()
+    layout = plan_layout(cores, "auto", "auto")
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "cores": len(cores),
+        "layout": f"{layout.workers}x{layout.threads}",
+        "duration": args.duration,
+        "warmup": args.warmup,
+    }
+    progress.done(f"1/3 in-process limit, {layout.workers}x{layout.threads}, raw tensors")
+    limit = measure_limit(LimitPlan(DEMO_MODEL, layout, duration=args.duration, warmup=args.warmup))
+    results["limit"] = limit.items_per_second
+    cpu_notes = []
+    with tempfile.TemporaryDirectory(prefix="onnxpool-compare-") as tmp:
+        progress.done("2/3 onnxpool (gunicorn, default settings)")
+        server = start_server(Path(tmp), {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}, workers=layout.workers)
+        try:
+            results["onnxpool_binary"] = _bench(server.url, "v2-binary", args.concurrency, args, progress)
+            results["onnxpool_predict"] = _bench(server.url, "predict", args.concurrency, args, progress)
+        finally:
+            server.stop()
+        if args.skip_baseline:
+            results["baseline_predict"] = [StepResult(c, 1.0, _empty()) for c in args.concurrency]
+        else:
+            progress.done(f"3/3 baseline: FastAPI + uvicorn --workers {len(cores)}")
+            baseline = _start_baseline(Path(tmp), len(cores))
+            try:
+                results["baseline_predict"] = _bench(baseline.url, "predict", args.concurrency, args, progress)
+            finally:
+                baseline.stop()
+    for name in ("onnxpool_binary", "onnxpool_predict", "baseline_predict"):
+        per = [f"{s.client_cpu_per_request * 1000:.2f}" for s in results[name] if s.requests]
+        cpu_notes.append(f"{name} {'/'.join(per) or '-'} ms per request")
+    results["client_cpu"] = ", ".join(cpu_notes)
+    text = markdown(results)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.plot:
+        from bench.plot import plot_series
+
+        series = {
+            "onnxpool v2 binary": [s.summary() for s in results["onnxpool_binary"]],
+            "onnxpool /predict": [s.summary() for s in results["onnxpool_predict"]],
+        }
+        if not args.skip_baseline:
+            series["FastAPI+uvicorn /predict"] = [s.summary() for s in results["baseline_predict"]]
+        plot_series(args.plot, series, title=f"efficientnet-lite0, {len(cores)} cores ({results['when']})")
+    return 0
+
+
+def _empty() -> Any:
+    import numpy as np
+
+    return np.empty(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
