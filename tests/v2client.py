@@ -133,6 +133,13 @@ class LoadRunner:
             thread.start()
         return self
 
+    def run(self) -> LoadStats:
+        """Start, wait until max_requests or max_seconds is reached, return the stats."""
+        self.start()
+        for thread in self._threads:
+            thread.join(self.max_seconds + self.timeout + 5)
+        return self.stop()
+
     def wait_for(self, successes: int, timeout: float = 30.0) -> None:
         """Block until at least `successes` requests succeeded (or raise TimeoutError)."""
         deadline = time.monotonic() + timeout
