@@ -285,8 +285,13 @@ class Host:
 
 
 @contextlib.contextmanager
-def host_addresses(count: int, use_namespaces: bool = True) -> Iterator[list[Host]]:
-    """`count` hosts: network namespaces with their own address if possible, else loopback aliases."""
+def host_addresses(count: int, use_namespaces: bool | None = None) -> Iterator[list[Host]]:
+    """`count` hosts: network namespaces with their own address if possible, else loopback aliases.
+
+    `use_namespaces` defaults to yes unless $DEPLOY_TESTS_NETNS is "0" (to test the fallback).
+    """
+    if use_namespaces is None:
+        use_namespaces = os.environ.get("DEPLOY_TESTS_NETNS", "1") != "0"
     made_ns: list[str] = []
     made_links: list[str] = []
     try:
