@@ -7,12 +7,25 @@ This module does no I/O (the loader in `config.loader` reads files and env).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Auto = Literal["auto"]
+
+
+def _check_bind(value: str) -> str:
+    """`HOST:PORT` or `unix:/path.sock` (server.bind, nginx.upstreams)."""
+    if value.startswith("unix:"):
+        if len(value) <= len("unix:"):
+            raise ValueError("unix socket bind needs a path, e.g. unix:/run/onnxpool/onnxpool.sock")
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT (e.g. 127.0.0.1:8000) or unix:/path.sock")
+    return value
 
 
 class Section(BaseModel):
@@ -79,14 +92,7 @@ class ServerSettings(Section):
     @field_validator("bind")
     @classmethod
     def _bind_shape(cls, value: str) -> str:
-        if value.startswith("unix:"):
-            if len(value) <= len("unix:"):
-                raise ValueError("unix socket bind needs a path, e.g. unix:/run/onnxpool/onnxpool.sock")
-            return value
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("must be HOST:PORT (e.g. 127.0.0.1:8000) or unix:/path.sock")
-        return value
+        return _check_bind(value)
 
 
 class PreprocessSettings(Section):
@@ -210,6 +216,65 @@ class LoggingSettings(Section):
     """Log one line per request."""
 
 
+def _check_nginx_token(value: str, what: str) -> str:
+    """nginx config values are pasted into a file: no whitespace, `;`, braces or quotes."""
+    if not value or re.search(r"[\s;{}'\"#]", value):
+        raise ValueError(f"{what} must be one nginx token (no spaces, ';', braces, quotes or '#')")
+    return value
+
+
+class NginxSettings(Section):
+    """`[nginx]`: what `onnxpool nginx-config` writes into the nginx site in front of onnxpool.
+
+    Timeouts and the body limit are not repeated here: they follow `[server]`.
+    """
+
+    listen: str = "80"
+    """nginx `listen` value: a port, `ADDR:PORT` or `[::]:PORT`."""
+
+    server_name: str = "_"
+    """nginx `server_name` ("_" = any host name)."""
+
+    upstreams: tuple[str, ...] = ()
+    """onnxpool instances to balance: `HOST:PORT` or `unix:/path.sock` each; empty = this host's server.bind."""
+
+    keepalive: int = Field(default=16, ge=0)
+    """Idle keep-alive connections each nginx worker keeps to the upstreams (0 = none)."""
+
+    max_fails: int = Field(default=3, ge=0)
+    """Failed attempts within fail_timeout after which nginx rests an upstream (0 = never)."""
+
+    fail_timeout: int = Field(default=10, ge=1)
+    """Seconds of the max_fails window, and how long a failed upstream rests."""
+
+    next_upstream_tries: int = Field(default=3, ge=1)
+    """Upstreams one request may be tried on (connection errors, 502, 503) before the client sees the error."""
+
+    connect_timeout: int = Field(default=2, ge=1)
+    """Seconds to connect to an upstream before trying the next (a powered-off host never refuses)."""
+
+    access_log: str = "/var/log/nginx/onnxpool.access.log"
+    """nginx access log of this site ("" = off)."""
+
+    @field_validator("listen", "server_name")
+    @classmethod
+    def _one_token(cls, value: str) -> str:
+        return _check_nginx_token(value, "value")
+
+    @field_validator("access_log")
+    @classmethod
+    def _log_path(cls, value: str) -> str:
+        return value and _check_nginx_token(value, "access_log")
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstream_shapes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            _check_nginx_token(item, f"upstream {item!r}")
+            _check_bind(item)
+        return value
+
+
 class Settings(Section):
     """All of onnxpool's settings."""
 
@@ -217,3 +282,4 @@ class Settings(Section):
     model: ModelSettings = ModelSettings()
     limits: LimitsSettings = LimitsSettings()
     logging: LoggingSettings = LoggingSettings()
+    nginx: NginxSettings = NginxSettings()

@@ -1,4 +1,4 @@
-"""The `onnxpool` command: serve, config (more subcommands register themselves here)."""
+"""The `onnxpool` command: serve, config, nginx-config (more subcommands register themselves here)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from config.loader import ENV_CONFIG_FILE, ConfigError, load_settings
+from config.nginx import render_site, upstream_servers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GUNICORN_CONF = REPO_ROOT / "gunicorn.conf.py"
@@ -73,6 +74,33 @@ def _tune(args: argparse.Namespace) -> int:
     return tune_command(args)
 
 
+def _nginx_config(args: argparse.Namespace) -> int:
+    """Write the nginx site for these settings (stdout, or --output)."""
+    overrides: dict[str, object] = {}
+    if args.listen:
+        overrides["nginx.listen"] = args.listen
+    if args.upstream:
+        overrides["nginx.upstreams"] = args.upstream
+    if args.server_name:
+        overrides["nginx.server_name"] = args.server_name
+    try:
+        settings = load_settings(args.config, overrides=overrides).settings
+    except ConfigError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
+    text = render_site(settings)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"onnxpool: error: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output} (upstreams: {', '.join(upstream_servers(settings))})", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnxpool", description="Serve an ONNX model over HTTP on CPUs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="measure the worker layouts and recommend (or --write) the best")
     bench_cli.add_tune_arguments(tune)
     tune.set_defaults(func=_tune)
+
+    nginx = commands.add_parser("nginx-config", help="write the nginx site for these settings (docs/DEPLOYING.md)")
+    nginx.add_argument("--config", help="TOML settings file")
+    nginx.add_argument("--listen", help="override nginx.listen, e.g. 80 or 127.0.0.1:8080")
+    nginx.add_argument(
+        "--upstream",
+        action="append",
+        metavar="ADDRESS",
+        help="an onnxpool instance, HOST:PORT or unix:/path.sock (repeat; overrides nginx.upstreams)",
+    )
+    nginx.add_argument("--server-name", help="override nginx.server_name")
+    nginx.add_argument("-o", "--output", help="file to write (default: stdout)")
+    nginx.set_defaults(func=_nginx_config)
     return parser
 
 

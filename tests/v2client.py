@@ -1,0 +1,180 @@
+"""A small Open Inference Protocol v2 binary-tensor client, and a bounded load loop.
+
+Used by the deployment tests (through nginx) and bench/nginx_overhead.py. Every
+reply is checked end to end: status 200, the body as long as Content-Length
+says, the binary output exactly as large as its JSON header declares; a reply
+that fails any check is counted, never silently accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import requests
+
+BINARY_HEADER = "Inference-Header-Content-Length"
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """A ready-to-send binary infer request."""
+
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    output: str
+
+
+def binary_infer(model: str, array: np.ndarray, input_name: str = "input", output_name: str = "logits") -> InferCall:
+    """A v2 infer request carrying `array` as binary tensor data and asking for a binary output."""
+    blob = np.ascontiguousarray(array, dtype=np.float32).tobytes()
+    header = {
+        "inputs": [
+            {
+                "name": input_name,
+                "shape": list(array.shape),
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": len(blob)},
+            }
+        ],
+        "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+    }
+    head = json.dumps(header).encode()
+    return InferCall(
+        path=f"/v2/models/{model}/infer",
+        body=head + blob,
+        headers={BINARY_HEADER: str(len(head)), "Content-Type": "application/octet-stream"},
+        output=output_name,
+    )
+
+
+class BadReply(Exception):
+    """A reply that is not a complete, well-formed 200 infer response."""
+
+
+def parse_binary_reply(response: requests.Response, output: str) -> np.ndarray:
+    """The named FP32 output of a binary infer reply; BadReply if anything is off."""
+    if response.status_code != 200:
+        raise BadReply(f"HTTP {response.status_code}: {response.content[:200]!r}")
+    body = response.content
+    declared = response.headers.get("Content-Length")
+    if declared is not None and int(declared) != len(body):
+        raise BadReply(f"truncated: Content-Length {declared}, got {len(body)} bytes")
+    header_length = int(response.headers.get(BINARY_HEADER, "0"))
+    if not 0 < header_length <= len(body):
+        raise BadReply(f"bad {BINARY_HEADER}: {header_length} for {len(body)} bytes")
+    header = json.loads(body[:header_length])
+    offset = header_length
+    for entry in header["outputs"]:
+        size = int(entry["parameters"]["binary_data_size"])
+        if offset + size > len(body):
+            raise BadReply(f"truncated: output {entry['name']} needs {size} bytes, {len(body) - offset} left")
+        if entry["name"] == output:
+            return np.frombuffer(body[offset : offset + size], dtype=np.float32).reshape(entry["shape"])
+        offset += size
+    raise BadReply(f"no output {output!r} in {header}")
+
+
+@dataclass
+class LoadStats:
+    """What a load run saw: counts, failure messages, and (finish time, first output value) per success."""
+
+    sent: int = 0
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    marks: list[tuple[float, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+class LoadRunner:
+    """`clients` threads sending `call` to `base_url` until stopped, `max_requests` or `max_seconds`.
+
+    Each thread keeps one HTTP connection (requests.Session). Always bounded:
+    a forgotten runner ends by itself after max_seconds.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        call: InferCall,
+        clients: int = 3,
+        max_requests: int = 5000,
+        max_seconds: float = 60.0,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = base_url + call.path
+        self.call = call
+        self.clients = clients
+        self.max_requests = max_requests
+        self.max_seconds = max_seconds
+        self.timeout = timeout
+        self.stats = LoadStats()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._started = 0.0
+
+    def start(self) -> LoadRunner:
+        self._started = time.monotonic()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def run(self) -> LoadStats:
+        """Start, wait until max_requests or max_seconds is reached, return the stats."""
+        self.start()
+        for thread in self._threads:
+            thread.join(self.max_seconds + self.timeout + 5)
+        return self.stop()
+
+    def wait_for(self, successes: int, timeout: float = 30.0) -> None:
+        """Block until at least `successes` requests succeeded (or raise TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while self.stats.ok < successes:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {self.stats.ok} of {successes} requests succeeded; {self.stats.failures[:3]}")
+            time.sleep(0.02)
+
+    def stop(self) -> LoadStats:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.timeout + 5)
+        self.stats.seconds = time.monotonic() - self._started
+        return self.stats
+
+    def _take_ticket(self) -> bool:
+        with self._lock:
+            over = time.monotonic() - self._started > self.max_seconds
+            if self._stop.is_set() or over or self.stats.sent >= self.max_requests:
+                return False
+            self.stats.sent += 1
+            return True
+
+    def _client(self) -> None:
+        with requests.Session() as session:
+            while self._take_ticket():
+                try:
+                    response = session.post(
+                        self.url, data=self.call.body, headers=self.call.headers, timeout=self.timeout
+                    )
+                    value = float(parse_binary_reply(response, self.call.output).flat[0])
+                except (requests.RequestException, BadReply, ValueError, KeyError) as exc:
+                    with self._lock:
+                        self.stats.failures.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with self._lock:
+                    self.stats.ok += 1
+                    self.stats.marks.append((time.monotonic(), value))
