@@ -25,7 +25,7 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # Settings whose values are file paths: relative ones are resolved against the
 # TOML file's folder (or, for env values, the current directory) at load time,
 # so workers and tools never depend on the directory they were started from.
-PATH_KEYS = (("model", "path"), ("model", "labels"))
+PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
 
 Key = tuple[str, ...]
 

@@ -76,15 +76,20 @@ def _check_body_size() -> None:
 
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     """Build the WSGI app for one model served by `backend`."""
+    from server import admission, auth, openapi
     from server.routes_v2 import blueprint as v2_blueprint
 
     app = Flask("onnxpool")
     # Werkzeug enforces this while streaming bodies without a Content-Length.
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
     app.extensions["onnxpool"] = ServerContext(settings=settings, backend=backend)
+    # Order matters: size (no body read), then who is asking, then is it still worth serving.
     app.before_request(_check_body_size)
+    auth.install(app, settings.auth)
+    admission.install(app)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
+    app.register_blueprint(openapi.blueprint)
     return app
