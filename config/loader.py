@@ -28,6 +28,8 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
 
 Key = tuple[str, ...]
+# Values never printed (config errors, `onnxpool config`): they are credentials.
+SECRET_KEYS: frozenset[Key] = frozenset({("auth", "api_keys")})
 
 
 class ConfigError(ValueError):
@@ -210,7 +212,7 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any], sources: Mapping[
         if messages[0].startswith("unknown key"):
             parts.append(f"{dotted}: {messages[0]}")
             continue
-        value = _lookup(merged, key)
+        value = "<hidden>" if key in SECRET_KEYS else _lookup(merged, key)
         where = sources.get(key, "default")
         parts.append(f"{dotted} = {value!r} (from {where}): {' or '.join(dict.fromkeys(messages))}")
     return "invalid settings: " + "; ".join(parts)

@@ -342,9 +342,12 @@ def _infer_operation(params: list[Schema], suffix: str, auth: bool) -> Schema:
             "content": {
                 "application/json": {"schema": _ref("InferRequest")},
                 "application/octet-stream": {
-                    "schema": {"type": "string", "format": "binary"},
-                    "description": "JSON InferRequest header (Inference-Header-Content-Length bytes), then "
-                    "the raw little-endian tensors of inputs with parameters.binary_data_size, in order.",
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "JSON InferRequest header (Inference-Header-Content-Length bytes), then "
+                        "the raw little-endian tensors of inputs with parameters.binary_data_size, in order.",
+                    }
                 },
             },
         },
