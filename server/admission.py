@@ -27,7 +27,7 @@ from flask import Flask, request
 
 from server.app import context
 from server.errors import BadRequest, Unavailable
-from server.request_start import queue_seconds
+from server.request_start import Headers, queue_seconds
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
@@ -45,7 +45,7 @@ def _header_deadline(raw: str) -> float:
     return seconds
 
 
-def _shed_if_waited(headers: Mapping[str, str], budget: float, reason: str) -> None:
+def _shed_if_waited(headers: Headers, budget: float, reason: str) -> None:
     waited = queue_seconds(headers, time.time())
     if waited is not None and waited > budget:
         raise Unavailable(

@@ -11,7 +11,7 @@ and the metrics (a queue-time histogram) both use `queue_seconds`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from typing import Protocol
 
 HEADER = "X-Request-Start"
 
@@ -38,7 +38,13 @@ def parse_request_start(value: str) -> float | None:
     return stamp
 
 
-def queue_seconds(headers: Mapping[str, str], now: float) -> float | None:
+class Headers(Protocol):
+    """Anything with `.get(name)`: werkzeug's request.headers, or a dict."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
+def queue_seconds(headers: Headers, now: float) -> float | None:
     """Seconds between the `X-Request-Start` stamp and `now` (Unix time); None without one.
 
     A stamp from the future (clocks of proxy and host disagree) counts as 0.
