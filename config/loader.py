@@ -25,9 +25,11 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # Settings whose values are file paths: relative ones are resolved against the
 # TOML file's folder (or, for env values, the current directory) at load time,
 # so workers and tools never depend on the directory they were started from.
-PATH_KEYS = (("model", "path"), ("model", "labels"))
+PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
 
 Key = tuple[str, ...]
+# Values never printed (config errors, `onnxpool config`): they are credentials.
+SECRET_KEYS: frozenset[Key] = frozenset({("auth", "api_keys")})
 
 
 class ConfigError(ValueError):
@@ -213,7 +215,7 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any], sources: Mapping[
         if messages[0].startswith("unknown key"):
             parts.append(f"{dotted}: {messages[0]}")
             continue
-        value = _lookup(merged, key)
+        value = "<hidden>" if key in SECRET_KEYS else _lookup(merged, key)
         where = sources.get(key, "default")
         parts.append(f"{dotted} = {value!r} (from {where}): {' or '.join(dict.fromkeys(messages))}")
     return "invalid settings: " + "; ".join(parts)

@@ -185,7 +185,11 @@ class LimitsSettings(Section):
     """Largest batch (first dimension / number of images) one request may run."""
 
     max_queue_ms: int = Field(default=0, ge=0)
-    """Shed a request that waited longer than this before a worker took it (0 = off)."""
+    """Shed (503) a request that waited longer than this before a worker took it (0 = off).
+
+    The wait is known from `X-Request-Start` (set by nginx, or by the client); a
+    client deadline (`X-Request-Timeout` header, v2 `timeout` parameter) sheds too.
+    """
 
     max_elements: int = Field(default=64 * 1024 * 1024, ge=1)
     """Largest number of elements in one input tensor."""
@@ -275,6 +279,32 @@ class NginxSettings(Section):
         return value
 
 
+class AuthSettings(Section):
+    """`[auth]`: optional API keys (`Authorization: Bearer <key>`); off while no key is set."""
+
+    api_keys: tuple[str, ...] = ()
+    """Accepted API keys. Empty (and no api_keys_file) = access control off."""
+
+    api_keys_file: Path | None = None
+    """File with one API key per line (blank lines and `#` comments ignored), added to api_keys."""
+
+    protect_metrics: bool = True
+    """Require a key for /metrics too; set false when Prometheus scrapes from inside the network."""
+
+    @field_validator("api_keys_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for key in value:
+            if len(key) < 16 or not key.isprintable() or any(c.isspace() for c in key):
+                raise ValueError("each API key must be at least 16 printable characters without spaces")
+        return value
+
+
 class Settings(Section):
     """All of onnxpool's settings."""
 
@@ -283,3 +313,4 @@ class Settings(Section):
     limits: LimitsSettings = LimitsSettings()
     logging: LoggingSettings = LoggingSettings()
     nginx: NginxSettings = NginxSettings()
+    auth: AuthSettings = AuthSettings()

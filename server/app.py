@@ -77,22 +77,41 @@ def _check_body_size() -> None:
         raise PayloadTooLarge(f"request body is {length} bytes; the limit is {limit}")
 
 
+def read_body() -> bytes:
+    """The request body, refused with 413 beyond [server] max_body_bytes, chunked or not.
+
+    For a chunked body werkzeug's stream ends quietly at MAX_CONTENT_LENGTH (a
+    truncated body, no error), so reading through it is not enough on its own.
+    """
+    limit = context().settings.server.max_body_bytes
+    data = request.get_data(cache=False)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
+    return data
+
+
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     """Build the WSGI app for one model served by `backend`."""
+    from server import admission, auth, openapi
     from server.routes_image import ImageService
     from server.routes_image import blueprint as image_blueprint
     from server.routes_v2 import blueprint as v2_blueprint
 
     app = Flask("onnxpool")
-    # Werkzeug enforces this while streaming bodies without a Content-Length.
-    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
+    # Werkzeug stops reading a body without Content-Length (chunked) here; one byte
+    # past the limit so that `read_body` can tell "exactly the limit" from "more".
+    app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
     ctx = ServerContext(settings=settings, backend=backend)
     ctx.extras["image"] = ImageService.from_settings(settings)
     app.extensions["onnxpool"] = ctx
+    # Order matters: size (no body read), then who is asking, then is it still worth serving.
     app.before_request(_check_body_size)
+    auth.install(app, settings.auth)
+    admission.install(app)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
     app.register_blueprint(image_blueprint)
+    app.register_blueprint(openapi.blueprint)
     return app

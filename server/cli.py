@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config.loader import ENV_CONFIG_FILE, ConfigError, load_settings
+from config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, load_settings
 from config.nginx import render_site, upstream_servers
+from server.auth import mask_key
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GUNICORN_CONF = REPO_ROOT / "gunicorn.conf.py"
@@ -49,6 +50,8 @@ def _config(args: argparse.Namespace) -> int:
         for part in key.split("."):
             assert isinstance(value, dict)
             value = value[part]
+        if tuple(key.split(".")) in SECRET_KEYS and isinstance(value, list):
+            value = [mask_key(str(item)) for item in value]  # keys never reach a terminal or a log
         print(f"{key:<{width}} = {value!r:<45} # {source}")
     return 0
 

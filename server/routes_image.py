@@ -13,7 +13,7 @@ import numpy as np
 from flask import Blueprint, Response, request
 
 from config.settings import Settings
-from server.app import context, json_response
+from server.app import context, json_response, read_body
 from server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from server.imaging import ImagePipeline
 from server.postprocess import load_labels, scores, top_k
@@ -56,7 +56,7 @@ def _uploads() -> tuple[list[bytes], list[str]]:
         names = [f'image[{i}] "{f.filename or "unnamed"}"' for i, f in enumerate(files)]
         return [f.read() for f in files], names
     if mimetype.startswith("image/"):
-        return [request.get_data(cache=False)], [f"request body ({mimetype})"]
+        return [read_body()], [f"request body ({mimetype})"]
     raise UnsupportedMediaType(
         f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
         f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from server import __version__
-from server.app import context, json_response
+from server import __version__, admission
+from server.app import context, json_response, read_body
 from server.datatypes import v2_datatype
 from server.errors import BadRequest, NotFound, Unavailable
 from server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, encode_infer_response
@@ -94,8 +94,10 @@ def infer(model: str, version: str | None = None) -> Response:
     check_model(model, version)
     ctx = context()
     info = loaded_model()
-    limits = RequestLimits(max_batch=ctx.settings.limits.max_batch, max_elements=ctx.settings.limits.max_elements)
-    decoded = decode_infer_request(request.get_data(cache=False), info, limits, _header_length())
+    bounds = ctx.settings.limits
+    limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
+    decoded = decode_infer_request(read_body(), info, limits, _header_length())
+    admission.check_infer_timeout(decoded.parameters)
     outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)
     encoded = encode_infer_response(
         ctx.settings.model.name, ctx.settings.model.version, decoded.id, outputs, decoded.binary_outputs

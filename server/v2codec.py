@@ -5,6 +5,17 @@ array is built from the client's declared shape, so a shape far larger than
 the data never allocates. Binary tensors are numpy views over the request body
 (no copy). See the protocol's binary tensor data extension: the JSON header is
 the first `Inference-Header-Content-Length` bytes, tensors follow in order.
+
+JSON tensor data is checked for type and range, never coerced: BOOL takes
+true/false, integer types take integers within range, FP types take numbers;
+a string, a fraction for an integer type or an out-of-range value is a 400.
+JSON has no NaN or infinity: outputs write them as null (as JavaScript does)
+and inputs read null as NaN for FP types; send binary tensors when ±inf must
+survive exactly. FP16 travels in JSON as FP32 numbers, which read back to the
+identical FP16 values.
+
+The client side (`encode_infer_request`, `decode_infer_response`) lives here
+too, so tests, benchmarks and the soak script speak the same codec.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ class RequestLimits:
 
     max_batch: int
     max_elements: int
+    max_json_depth: int = 64
 
 
 @dataclass
@@ -79,15 +91,66 @@ def _check_shape(shape: Any, spec: TensorSpec, where: str, limits: RequestLimits
     return dims
 
 
+# Which kinds of JSON-inferred arrays (numpy kind letters) each target kind accepts.
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_KIND_WORDS = {"b": "true/false", "i": "integers in range", "u": "non-negative integers in range", "f": "numbers"}
+
+
+def _cast_checked(values: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """`values` as `dtype`, or None if a value does not fit (finite -> inf counts as not fitting).
+
+    Float ranges are judged after rounding: the shortest decimal of FP32's max
+    parses (as FP64) a hair above it, yet rounds back to exactly that max.
+    """
+    if values.size and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not (values.min() >= info.min and values.max() <= info.max):
+            return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = values.astype(dtype, copy=False)
+    if dtype.kind == "f" and values.dtype.kind in "iuf" and values.size:
+        if bool((np.isfinite(values) & ~np.isfinite(cast)).any()):
+            return None
+    return cast
+
+
+def _nullable_floats(data: list[Any], dtype: np.dtype, where: str) -> np.ndarray:
+    """FP data containing null (NaN in JSON replies): every other item must be a number."""
+    objects = np.array(data, dtype=object)
+    valid = all(item is None or type(item) in (int, float) for item in objects.flat)
+    _expect(valid, f"{where}.data must hold only numbers (null reads as NaN)")
+    return np.array(objects, dtype=np.float64)
+
+
+def _exact_integers(data: list[Any], dtype: np.dtype, where: str) -> np.ndarray:
+    """Integer data numpy could not type losslessly (e.g. [0, 2**63] infers FP64): check item by item."""
+    objects = np.array(data, dtype=object)
+    words = f"{_KIND_WORDS[dtype.kind]} for {v2_datatype(dtype)}"
+    _expect(all(type(item) is int for item in objects.flat), f"{where}.data must hold {words}")
+    try:
+        return np.array(objects.tolist(), dtype=dtype)
+    except OverflowError:
+        raise BadRequest(f"{where}.data has values outside the range of {v2_datatype(dtype)}") from None
+
+
 def _from_json_data(data: Any, dtype: np.dtype, dims: tuple[int, ...], where: str) -> np.ndarray:
     _expect(isinstance(data, list), f"{where}.data must be a list (flat or nested)")
     try:
-        array = np.array(data, dtype=dtype)
+        values = np.array(data)  # JSON's own types first: bool, int64/uint64, float64, or object
+        if values.dtype.kind == "O" and dtype.kind == "f":
+            values = _nullable_floats(data, dtype, where)
+        elif values.dtype.kind in "fO" and dtype.kind in "iu":
+            values = _exact_integers(data, dtype, where)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"{where}.data cannot be read as {v2_datatype(dtype)}: {exc}") from None
     expected = math.prod(dims)
-    _expect(array.size == expected, f"{where} has {array.size} values but shape {list(dims)} needs {expected}")
-    return array.reshape(dims)
+    _expect(values.size == expected, f"{where} has {values.size} values but shape {list(dims)} needs {expected}")
+    if values.size and values.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise BadRequest(f"{where}.data must hold {_KIND_WORDS[dtype.kind]} for {v2_datatype(dtype)}")
+    cast = _cast_checked(values, dtype)
+    _expect(cast is not None, f"{where}.data has values outside the range of {v2_datatype(dtype)}")
+    assert cast is not None
+    return cast.reshape(dims)
 
 
 def decode_infer_request(
@@ -105,6 +168,7 @@ def decode_infer_request(
     view = memoryview(body)
     header = jsonfast.loads(view[:header_length] if header_length is not None else view, "inference request")
     _expect(isinstance(header, dict), "inference request must be a JSON object")
+    jsonfast.check_depth(header, limits.max_json_depth, "inference request")
     raw_inputs = header.get("inputs")
     _expect(isinstance(raw_inputs, list) and len(raw_inputs) > 0, "inference request needs a non-empty 'inputs' list")
     request_id = header.get("id")
@@ -136,7 +200,10 @@ def decode_infer_request(
         size = params.get("binary_data_size")
         if size is not None:
             _expect(header_length is not None, f"{where} has binary_data_size but the request has no {BINARY_HEADER}")
-            _expect(isinstance(size, int) and size >= 0, f"{where}.parameters.binary_data_size must be >= 0")
+            _expect(
+                isinstance(size, int) and not isinstance(size, bool) and size >= 0,
+                f"{where}.parameters.binary_data_size must be an integer >= 0",
+            )
             expected = math.prod(dims) * dtype.itemsize
             _expect(
                 size == expected, f"{where} has {size} bytes of binary data but shape {list(dims)} needs {expected}"
@@ -201,6 +268,34 @@ class EncodedResponse:
     header_length: int | None = None
 
 
+def _encode_tensors(
+    arrays: Mapping[str, np.ndarray], binary: Sequence[str] | set[str]
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """v2 tensor descriptions (JSON data inline, or binary_data_size) and the binary blobs in order."""
+    described: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, array in arrays.items():
+        array = np.array(array, copy=None, order="C")  # not ascontiguousarray: it turns 0-d into shape [1]
+        entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
+        if name in binary:
+            blob = array.tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            # orjson writes numpy arrays natively (NaN/inf as null); FP16 it does not, so widen it
+            flat = array.reshape(-1)
+            entry["data"] = flat.astype(np.float32) if flat.dtype == np.float16 else flat
+        described.append(entry)
+    return described, blobs
+
+
+def _body(document: dict[str, Any], blobs: list[bytes]) -> EncodedResponse:
+    header = jsonfast.dumps(document)
+    if not blobs:
+        return EncodedResponse(header, "application/json")
+    return EncodedResponse(b"".join([header, *blobs]), "application/octet-stream", len(header))
+
+
 def encode_infer_response(
     model_name: str,
     model_version: str,
@@ -209,24 +304,63 @@ def encode_infer_response(
     binary_outputs: Sequence[str] | set[str] = (),
 ) -> EncodedResponse:
     """Encode outputs as v2 JSON, with the binary extension for outputs in binary_outputs."""
-    described: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for name, array in outputs.items():
-        array = np.ascontiguousarray(array)
-        entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
-        if name in binary_outputs:
-            blob = array.tobytes()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            # orjson writes numpy arrays natively; FP16 it does not, so widen it for JSON
-            flat = array.reshape(-1)
-            entry["data"] = flat.astype(np.float32) if flat.dtype == np.float16 else flat
-        described.append(entry)
+    described, blobs = _encode_tensors(outputs, binary_outputs)
     document: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": described}
     if request_id is not None:
         document["id"] = request_id
-    header = jsonfast.dumps(document)
-    if not blobs:
-        return EncodedResponse(header, "application/json")
-    return EncodedResponse(b"".join([header, *blobs]), "application/octet-stream", len(header))
+    return _body(document, blobs)
+
+
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray],
+    binary_inputs: Sequence[str] | set[str] = (),
+    *,
+    binary_output: bool = False,
+    request_id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> EncodedResponse:
+    """Client side: a v2 infer request (binary extension for inputs in binary_inputs)."""
+    described, blobs = _encode_tensors(inputs, binary_inputs)
+    document: dict[str, Any] = {"inputs": described}
+    params = dict(parameters or {})
+    if binary_output:
+        params["binary_data_output"] = True
+    if params:
+        document["parameters"] = params
+    if request_id is not None:
+        document["id"] = request_id
+    return _body(document, blobs)
+
+
+def decode_infer_response(body: bytes, header_length: int | None = None) -> dict[str, np.ndarray]:
+    """Client side: the outputs of a v2 infer response (JSON or binary), by name."""
+    if header_length is not None:
+        _expect(0 < header_length <= len(body), f"{BINARY_HEADER} is {header_length} but the body has {len(body)}")
+    view = memoryview(body)
+    document = jsonfast.loads(view[:header_length] if header_length is not None else view, "inference response")
+    _expect(isinstance(document, dict) and isinstance(document.get("outputs"), list), "response needs 'outputs'")
+    offset = header_length or 0
+    outputs: dict[str, np.ndarray] = {}
+    for position, raw in enumerate(document["outputs"]):
+        where = f"outputs[{position}]"
+        _expect(isinstance(raw, dict) and isinstance(raw.get("name"), str), f"{where} needs a 'name'")
+        datatype = raw.get("datatype")
+        dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
+        _expect(dtype is not None, f"{where} has datatype {datatype!r}; supported: {ALLOWED_DATATYPES}")
+        assert dtype is not None
+        shape = raw.get("shape")
+        _expect(
+            isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**40 for d in shape) and len(shape) <= 32,
+            f"{where}.shape must be a list of non-negative integers",
+        )
+        dims = tuple(shape)
+        size = _parameters(raw, where).get("binary_data_size")
+        if size is None:
+            outputs[raw["name"]] = _from_json_data(raw.get("data"), dtype, dims, where)
+            continue
+        expected = math.prod(dims) * dtype.itemsize
+        _expect(type(size) is int and size == expected, f"{where} has binary_data_size {size!r}; needs {expected}")
+        _expect(header_length is not None and offset + size <= len(body), f"{where}: binary data is missing")
+        outputs[raw["name"]] = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(dims)
+        offset += size
+    return outputs

@@ -136,7 +136,7 @@ def base_input(**overrides: Any) -> dict[str, Any]:
         (base_input(shape=[1, -3]), "non-negative integers"),
         (base_input(shape="1,3"), "non-negative integers"),
         (base_input(data=[1, 2]), "has 2 values but shape [1, 3] needs 3"),
-        (base_input(data=["a", "b", "c"]), "cannot be read as FP32"),
+        (base_input(data=["a", "b", "c"]), "must hold numbers for FP32"),
         (base_input(data=[[1, 2], [3]]), "cannot be read as FP32"),
         (base_input(data="123"), "must be a list"),
         ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3]}]}, "needs 'data'"),

@@ -1,0 +1,426 @@
+"""The HTTP API described in OpenAPI 3.0, served at `GET /openapi.json`.
+
+`openapi_document(settings)` builds a plain dict (no I/O); the configured model
+name and version are the only values the `{model}` / `{version}` path
+parameters accept, as the server itself answers 404 for any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, current_app
+
+from config.settings import Settings
+from server import __version__
+from server.app import context, json_response
+from server.auth import AUTH_KEY
+from server.datatypes import V2_TO_NUMPY
+
+blueprint = Blueprint("openapi", __name__)
+
+Schema = dict[str, Any]
+
+ERROR_STATUSES = {
+    "400": "Malformed request, or it does not match the model (shape, datatype, names).",
+    "401": "Missing or invalid API key (only when [auth] keys are configured).",
+    "404": "Unknown model or version.",
+    "413": "Body, batch, tensor or image larger than the configured limits.",
+    "415": "Content-Type or image format the endpoint cannot read.",
+    "422": "Well-formed but unusable content, e.g. a truncated image.",
+    "503": "Model not loaded yet, or the request was shed (waited past its budget); see Retry-After.",
+}
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: Schema) -> Schema:
+    return {"application/json": {"schema": schema}}
+
+
+def _error(status: str) -> Schema:
+    reply: Schema = {"description": ERROR_STATUSES[status], "content": _json(_ref("Error"))}
+    if status == "503":
+        reply["headers"] = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}}
+    if status == "401":
+        reply["headers"] = {"WWW-Authenticate": {"description": "Bearer challenge", "schema": {"type": "string"}}}
+    return reply
+
+
+def _errors(*statuses: str, auth: bool) -> dict[str, Schema]:
+    wanted = ("401", *statuses) if auth else statuses
+    return {s: _error(s) for s in sorted(set(wanted))}
+
+
+def _schemas() -> dict[str, Schema]:
+    datatype = {"type": "string", "enum": list(V2_TO_NUMPY)}
+    shape = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    params = {"type": "object", "additionalProperties": True}
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string", "description": "What went wrong, for a developer."}},
+        },
+        "ServerMetadata": {
+            "type": "object",
+            "required": ["name", "version", "extensions"],
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "extensions": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "Live": {"type": "object", "required": ["live"], "properties": {"live": {"type": "boolean"}}},
+        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+        "ModelReady": {
+            "type": "object",
+            "required": ["name", "ready"],
+            "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
+        },
+        "TensorMetadata": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {
+                "name": {"type": "string"},
+                "datatype": {"type": "string"},
+                "shape": {"type": "array", "items": {"type": "integer", "minimum": -1}},
+            },
+        },
+        "ModelMetadata": {
+            "type": "object",
+            "required": ["name", "versions", "platform", "inputs", "outputs"],
+            "properties": {
+                "name": {"type": "string"},
+                "versions": {"type": "array", "items": {"type": "string"}},
+                "platform": {"type": "string"},
+                "inputs": {"type": "array", "items": _ref("TensorMetadata")},
+                "outputs": {"type": "array", "items": _ref("TensorMetadata")},
+            },
+        },
+        "RequestInput": {
+            "type": "object",
+            "required": ["name", "shape", "datatype"],
+            "properties": {
+                "name": {"type": "string"},
+                "shape": shape,
+                "datatype": datatype,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"binary_data_size": {"type": "integer", "minimum": 0}},
+                },
+                "data": {
+                    "type": "array",
+                    "description": "Row-major values, flat or nested; null reads as NaN for FP types. "
+                    "Omitted when parameters.binary_data_size is given.",
+                    "items": {},
+                },
+            },
+        },
+        "RequestOutput": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}},
+            },
+        },
+        "InferRequest": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {
+                "id": {"type": "string"},
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "binary_data_output": {"type": "boolean"},
+                        "timeout": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "description": "Microseconds; shed (503) if the request waited longer (X-Request-Start).",
+                        },
+                    },
+                },
+                "inputs": {"type": "array", "minItems": 1, "items": _ref("RequestInput")},
+                "outputs": {"type": "array", "items": _ref("RequestOutput")},
+            },
+        },
+        "ResponseOutput": {
+            "type": "object",
+            "required": ["name", "datatype", "shape"],
+            "properties": {
+                "name": {"type": "string"},
+                "datatype": datatype,
+                "shape": shape,
+                "parameters": params,
+                "data": {
+                    "type": "array",
+                    "description": "Flat, row-major. FP16 is written as FP32 numbers; NaN and ±inf as null.",
+                    "items": {},
+                },
+            },
+        },
+        "InferResponse": {
+            "type": "object",
+            "required": ["model_name", "outputs"],
+            "properties": {
+                "model_name": {"type": "string"},
+                "model_version": {"type": "string"},
+                "id": {"type": "string"},
+                "outputs": {"type": "array", "items": _ref("ResponseOutput")},
+            },
+        },
+        "Prediction": {
+            "type": "object",
+            "required": ["label", "index", "score"],
+            "properties": {
+                "label": {"type": "string"},
+                "index": {"type": "integer", "minimum": 0},
+                "score": {"type": "number"},
+            },
+        },
+        "ClassifyResponse": {
+            "type": "object",
+            "required": ["model", "predictions"],
+            "properties": {
+                "model": {"type": "string"},
+                "predictions": {
+                    "type": "array",
+                    "description": "One list per image, best first.",
+                    "items": {"type": "array", "items": _ref("Prediction")},
+                },
+            },
+        },
+    }
+
+
+def _deadline_headers() -> list[Schema]:
+    return [
+        {
+            "name": "X-Request-Start",
+            "in": "header",
+            "required": False,
+            "description": "When the request started (nginx: t=${msec}): t=<unix seconds>, or integer ms/µs.",
+            "schema": {"type": "string"},
+        },
+        {
+            "name": "X-Request-Timeout",
+            "in": "header",
+            "required": False,
+            "description": "Client deadline in seconds: shed (503) if the request waited longer.",
+            "schema": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+        },
+    ]
+
+
+def _model_params(settings: Settings, version: bool) -> list[Schema]:
+    params: list[Schema] = [
+        {
+            "name": "model",
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "enum": [settings.model.name], "default": settings.model.name},
+        }
+    ]
+    if version:
+        params.append(
+            {
+                "name": "version",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "enum": [settings.model.version], "default": settings.model.version},
+            }
+        )
+    return params
+
+
+def _paths(settings: Settings, auth: bool) -> dict[str, Schema]:
+    open_security: dict[str, Any] = {"security": []} if auth else {}
+    paths: dict[str, Schema] = {
+        "/v2": {
+            "get": {
+                "operationId": "serverMetadata",
+                "summary": "Server name, version and protocol extensions",
+                "responses": {"200": {"description": "Metadata", "content": _json(_ref("ServerMetadata"))}}
+                | _errors("503", auth=auth),
+            }
+        },
+        "/v2/health/live": {
+            "get": {
+                "operationId": "serverLive",
+                "summary": "Liveness probe (never needs a key, never shed)",
+                **open_security,
+                "responses": {"200": {"description": "Alive", "content": _json(_ref("Live"))}},
+            }
+        },
+        "/v2/health/ready": {
+            "get": {
+                "operationId": "serverReady",
+                "summary": "Readiness probe: 200 once this worker's model is loaded and warmed up",
+                **open_security,
+                "responses": {
+                    "200": {"description": "Ready", "content": _json(_ref("Ready"))},
+                    "503": {"description": "Not ready yet", "content": _json(_ref("Ready"))},
+                },
+            }
+        },
+    }
+    for version in (False, True):
+        base = "/v2/models/{model}" + ("/versions/{version}" if version else "")
+        suffix = "Version" if version else ""
+        params = _model_params(settings, version)
+        paths[base] = {
+            "get": {
+                "operationId": "modelMetadata" + suffix,
+                "summary": "The model's inputs and outputs",
+                "parameters": params,
+                "responses": {"200": {"description": "Metadata", "content": _json(_ref("ModelMetadata"))}}
+                | _errors("404", "503", auth=auth),
+            }
+        }
+        paths[base + "/ready"] = {
+            "get": {
+                "operationId": "modelReady" + suffix,
+                "summary": "Whether the model can serve",
+                "parameters": params,
+                "responses": {
+                    "200": {"description": "Ready", "content": _json(_ref("ModelReady"))},
+                    "503": {
+                        "description": "Not loaded yet (ModelReady), or shed (Error)",
+                        "content": _json({"anyOf": [_ref("ModelReady"), _ref("Error")]}),
+                    },
+                }
+                | _errors("404", auth=auth),
+            }
+        }
+        paths[base + "/infer"] = {"post": _infer_operation(params, suffix, auth)}
+    classify_params = _model_params(settings, False)
+    paths["/v2/models/{model}/classify"] = {"post": _classify_operation(classify_params, "classify", auth)}
+    paths["/predict"] = {"post": _classify_operation([], "predict", auth)}
+    metrics_security = {} if settings.auth.protect_metrics else open_security
+    paths["/metrics"] = {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics, aggregated over all workers",
+            **metrics_security,
+            "responses": {
+                "200": {
+                    "description": "Prometheus text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            }
+            | (_errors(auth=auth) if settings.auth.protect_metrics else {}),
+        }
+    }
+    paths["/openapi.json"] = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document",
+            **open_security,
+            "responses": {"200": {"description": "OpenAPI 3.0", "content": _json({"type": "object"})}},
+        }
+    }
+    return paths
+
+
+def _infer_operation(params: list[Schema], suffix: str, auth: bool) -> Schema:
+    binary_header: Schema = {
+        "name": "Inference-Header-Content-Length",
+        "in": "header",
+        "required": False,
+        "description": "Binary tensor extension: length of the JSON header at the start of the body.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+    return {
+        "operationId": "modelInfer" + suffix,
+        "summary": "Run the model (Open Inference Protocol v2, JSON or binary tensors)",
+        "parameters": [*params, binary_header, *_deadline_headers()],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref("InferRequest")},
+                "application/octet-stream": {
+                    "schema": {
+                        "type": "string",
+                        "format": "binary",
+                        "description": "JSON InferRequest header (Inference-Header-Content-Length bytes), then "
+                        "the raw little-endian tensors of inputs with parameters.binary_data_size, in order.",
+                    }
+                },
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Outputs; binary outputs follow the JSON header",
+                "headers": {
+                    "Inference-Header-Content-Length": {
+                        "description": "Length of the JSON header when binary outputs follow",
+                        "schema": {"type": "integer"},
+                    }
+                },
+                "content": {
+                    "application/json": {"schema": _ref("InferResponse")},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                },
+            }
+        }
+        | _errors("400", "404", "413", "503", auth=auth),
+    }
+
+
+def _classify_operation(params: list[Schema], operation: str, auth: bool) -> Schema:
+    image = {"type": "string", "format": "binary"}
+    top_k: Schema = {
+        "name": "top_k",
+        "in": "query",
+        "required": False,
+        "description": "Labels per image (default: [model] top_k).",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+    return {
+        "operationId": operation,
+        "summary": "Classify uploaded images: the top-k labels per image",
+        "parameters": [*params, top_k, *_deadline_headers()],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["image"],
+                        "properties": {"image": {"type": "array", "items": image}},
+                    }
+                },
+                "image/*": {"schema": image},
+            },
+        },
+        "responses": {"200": {"description": "Top-k labels per image", "content": _json(_ref("ClassifyResponse"))}}
+        | _errors("400", "404", "413", "415", "422", "503", auth=auth),
+    }
+
+
+def openapi_document(settings: Settings, auth: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.0 description of this server's API for its configured model."""
+    document: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "onnxpool",
+            "version": __version__,
+            "description": "Serves one ONNX model on CPUs: Open Inference Protocol v2 REST, an image "
+            'endpoint, Prometheus metrics. Errors are JSON {"error": message}.',
+        },
+        "paths": _paths(settings, auth),
+        "components": {"schemas": _schemas()},
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearerAuth": []}]
+    return document
+
+
+@blueprint.get("/openapi.json")
+def openapi_json() -> Response:
+    auth_on = AUTH_KEY in current_app.extensions
+    return json_response(openapi_document(context().settings, auth=auth_on))

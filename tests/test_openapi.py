@@ -1,0 +1,87 @@
+"""`GET /openapi.json`: a valid OpenAPI 3 document that covers every route, and
+a property-based schemathesis run against the live server (real gunicorn).
+
+The schemathesis run covers the v2 operations and /openapi.json. /predict,
+/classify and /metrics are described in the document but are served by other
+modules (not in this branch yet), so they are left out of the run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from openapi_spec_validator import validate
+
+from config.loader import load_settings
+from server.app import create_app
+from server.openapi import openapi_document
+from tests.harness import Server
+from workers.session import SessionRuntime
+
+SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+# Only these are served in this branch; the image endpoint and metrics land from other branches.
+RUN_PATHS = r"^/(v2|openapi)"
+NOT_YET_SERVED = r"/classify$"
+
+
+def _flask_path(rule: str) -> str:
+    return re.sub(r"<(?:[a-z]+:)?([a-z_]+)>", r"{\1}", rule)
+
+
+@pytest.mark.parametrize("auth", [False, True])
+def test_document_is_valid_openapi(auth: bool) -> None:
+    document = openapi_document(load_settings(environ={}).settings, auth=auth)
+    validate(document)  # raises on any violation of the OpenAPI 3.0 schema
+    assert ("securitySchemes" in document["components"]) is auth
+
+
+def test_document_describes_every_route() -> None:
+    settings = load_settings(environ={}).settings
+    app = create_app(settings, SessionRuntime())
+    routes = {_flask_path(r.rule) for r in app.url_map.iter_rules() if r.endpoint != "static"}
+    described = set(openapi_document(settings)["paths"])
+    assert routes <= described, routes - described
+    assert {"/predict", "/v2/models/{model}/classify", "/metrics", "/openapi.json"} <= described
+    model = openapi_document(settings)["paths"]["/v2/models/{model}"]["get"]["parameters"][0]
+    assert model["schema"]["enum"] == [settings.model.name]
+
+
+def test_served_document_names_the_model(server: Server) -> None:
+    reply = requests.get(server.url + "/openapi.json", timeout=10)
+    assert reply.status_code == 200 and reply.headers["Content-Type"] == "application/json"
+    assert reply.json()["paths"]["/v2/models/{model}/infer"]["post"]["parameters"][0]["schema"]["enum"] == [
+        "efficientnet-lite0"
+    ]
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(server: Server, tmp_path: Path) -> None:
+    # positive_data_acceptance is left out: a schema-valid infer body (any name, shape, data) is
+    # not a valid tensor for THIS model, and the 400 saying so is the right answer.
+    command = [
+        str(SCHEMATHESIS),
+        "run",
+        server.url + "/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "--include-path-regex",
+        RUN_PATHS,
+        "--exclude-path-regex",
+        NOT_YET_SERVED,
+        "--max-examples",
+        "25",
+        "--generation-deterministic",
+        "--request-timeout",
+        "10",
+        "--continue-on-failure",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert re.search(r"\d+ generated, \d+ passed", done.stdout), done.stdout[-2000:]
