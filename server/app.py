@@ -79,6 +79,7 @@ def _check_body_size() -> None:
 
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     """Build the WSGI app for one model served by `backend`."""
+    from server import instrument
     from server.routes_image import ImageService
     from server.routes_image import blueprint as image_blueprint
     from server.routes_v2 import blueprint as v2_blueprint
@@ -86,7 +87,9 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app = Flask("onnxpool")
     # Werkzeug enforces this while streaming bodies without a Content-Length.
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes
-    ctx = ServerContext(settings=settings, backend=backend)
+    # Every route's inference goes through the wrapper: infer timing + batch-size metric.
+    timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
+    ctx = ServerContext(settings=settings, backend=timed)
     ctx.extras["image"] = ImageService.from_settings(settings)
     app.extensions["onnxpool"] = ctx
     app.before_request(_check_body_size)
@@ -95,4 +98,5 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
     app.register_blueprint(image_blueprint)
+    instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics
     return app
