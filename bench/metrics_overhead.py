@@ -4,9 +4,10 @@ Usage (from the repo root):
     .venv/bin/python bench/metrics_overhead.py [--duration 20] [--concurrency 4] [--rounds 2] [--plot out/m.png]
 
 Each run starts a fresh server ([metrics] enabled = true or false, everything
-else default, demo model), drives it from `--concurrency` client threads with
-binary-tensor infer requests for `--warmup` + `--duration` seconds, counts the
-requests completed in the timed window, and stops the server. Runs alternate
+else default, demo model), drives it with `bench.loadgen` (`--concurrency`
+closed-loop keep-alive connections) with binary-tensor infer requests for
+`--warmup` + `--duration` seconds, counts the requests completed in the timed
+window, and stops the server. Runs alternate
 off/on `--rounds` times so drift on the machine hits both alike; the table
 gives each mode's total, and the ratio on/off (the target: overhead < 3%).
 """
@@ -22,69 +23,24 @@ if str(REPO) not in sys.path:
 
 import argparse  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 
-import numpy as np  # noqa: E402
 import requests  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.harness import MODEL_NAME, Server, start_server  # noqa: E402
-from tests.v2_binary import binary_infer_request  # noqa: E402
-
-INFER_URL = f"/v2/models/{MODEL_NAME}/infer"
+from bench.loadgen import LoadGenerator, StepPlan, StepResult  # noqa: E402
+from bench.payloads import prepare  # noqa: E402
+from bench.progress import Progress  # noqa: E402
+from bench.servers import MODEL_NAME, Server, start_server  # noqa: E402
 
 
 @dataclass
 class RunResult:
-    """One server run: requests completed in the timed window and their latencies."""
+    """One server run: the load step's result and, with metrics on, what /metrics counted."""
 
     metrics: bool
-    seconds: float
-    latencies: list[float] = field(default_factory=list)
-    errors: int = 0
+    step: StepResult
     counted_by_server: float | None = None
-
-    @property
-    def throughput(self) -> float:
-        return len(self.latencies) / self.seconds
-
-
-def drive(server: Server, concurrency: int, warmup: float, duration: float, batch: int) -> tuple[list[float], int]:
-    """Closed-loop load: each thread sends the next request when the previous one is answered."""
-    body, headers = binary_infer_request("input", np.random.default_rng(0).random((batch, 3, 224, 224), np.float32))
-    start = time.monotonic()
-    window = (start + warmup, start + warmup + duration)
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-
-    def client() -> None:
-        session = requests.Session()
-        while (now := time.monotonic()) < window[1]:
-            try:
-                reply = session.post(server.url + INFER_URL, data=body, headers=headers, timeout=30)
-                ok = reply.status_code == 200
-            except requests.RequestException:
-                ok = False
-            done = time.monotonic()
-            if window[0] <= now and done <= window[1]:
-                with lock:
-                    if ok:
-                        latencies.append(done - now)
-                    else:
-                        errors[0] += 1
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    while any(t.is_alive() for t in threads):
-        elapsed = min(time.monotonic() - start, warmup + duration)
-        print(f"\r    {elapsed:5.1f}/{warmup + duration:.0f} s", end="", file=sys.stderr, flush=True)
-        time.sleep(0.5)
-    print(file=sys.stderr)
-    return latencies, errors[0]
 
 
 def infer_requests_counted(server: Server) -> float:
@@ -101,14 +57,16 @@ def run(metrics: bool, args: argparse.Namespace, tmp: Path) -> RunResult:
     settings = {"ONNXPOOL_METRICS__ENABLED": "true" if metrics else "false"}
     if args.workers:
         settings["ONNXPOOL_SERVER__WORKERS"] = str(args.workers)
-    print(f"  metrics {'on ' if metrics else 'off'}: starting a server", file=sys.stderr, flush=True)
+    progress = Progress(sys.stderr)
+    progress.status(f"metrics {'on' if metrics else 'off'}: starting a server", force=True)
     server = start_server(tmp, settings, workers=args.workers or None, name=f"metrics-{metrics}")
     try:
-        latencies, errors = drive(server, args.concurrency, args.warmup, args.duration, args.batch)
-        result = RunResult(metrics, args.duration, latencies, errors)
-        if metrics:
-            result.counted_by_server = infer_requests_counted(server)
-        return result
+        request = prepare("v2-binary", server.url, model=MODEL_NAME, batch=args.batch)
+        with LoadGenerator(server.url, request, args.concurrency) as load:
+            plan = StepPlan(args.concurrency, warmup=args.warmup, duration=args.duration)
+            step = load.run_step(plan, progress.status)
+        progress.done(f"metrics {'on' if metrics else 'off'}: {step.throughput:.1f} req/s")
+        return RunResult(metrics, step, infer_requests_counted(server) if metrics else None)
     finally:
         server.stop()
 
@@ -155,14 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     head = ("requests", "req/s", "p50 ms", "p99 ms", "errors", "counted")
     print(f"{'run':<4} {'metrics':<8} " + " ".join(f"{h:>9}" for h in head))
     for i, r in enumerate(results, 1):
-        lat = np.asarray(r.latencies) * 1e3 if r.latencies else np.zeros(1)
         counted = f"{r.counted_by_server:.0f}" if r.counted_by_server is not None else "-"
         print(
-            f"{i:<4} {'on' if r.metrics else 'off':<8} {len(r.latencies):>9} {r.throughput:>9.1f} "
-            f"{np.percentile(lat, 50):>9.2f} {np.percentile(lat, 99):>9.2f} {r.errors:>9} {counted:>9}"
+            f"{i:<4} {'on' if r.metrics else 'off':<8} {r.step.ok:>9} {r.step.throughput:>9.1f} "
+            f"{r.step.percentile(50) * 1e3:>9.2f} {r.step.percentile(99) * 1e3:>9.2f} "
+            f"{r.step.error_count:>9} {counted:>9}"
         )
-    on = sum(len(r.latencies) for r in results if r.metrics) / sum(r.seconds for r in results if r.metrics)
-    off = sum(len(r.latencies) for r in results if not r.metrics) / sum(r.seconds for r in results if not r.metrics)
+
+    def rate(metrics: bool) -> float:
+        steps = [r.step for r in results if r.metrics is metrics]
+        return sum(s.ok for s in steps) / sum(s.seconds for s in steps)
+
+    on, off = rate(True), rate(False)
     ratio = on / off if off else float("nan")
     print(f"{'all':<4} {'off':<8} {'':>9} {off:>9.1f}")
     print(f"{'all':<4} {'on':<8} {'':>9} {on:>9.1f}")

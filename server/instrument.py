@@ -3,8 +3,10 @@
 - A WSGI middleware around `app.wsgi_app` sees each request first and last:
   it starts the phase timer (reading `X-Request-Start` for the queue wait),
   settles the request id, adds `X-Request-ID` and `Server-Timing` to the reply
-  headers, and when the body has been sent (WSGI `close`) records the request
-  in Prometheus: total time from as early to as late as the worker can see.
+  headers and records the request in Prometheus as the reply leaves the app
+  (total = from the proxy's X-Request-Start, or our first look at the request,
+  to the reply; the same total as in Server-Timing); the request id is cleared
+  when the server closes the reply, after its access line was written.
 - An after_request hook hands the middleware Flask's view of the request (the
   route template and the model) as bounded metric labels.
 - `InstrumentedBackend` wraps the model backend, so EVERY endpoint that runs an
@@ -75,22 +77,27 @@ class Instrumentation:
         environ[timing.ENVIRON_KEY] = timer
         rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
         request_id.set_current(rid)
-        record = self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH
-        status_code = [500]
+        pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH]
+
+        def record(status: int) -> None:
+            if pending[0]:
+                pending[0] = False
+                _record_request(environ, timer, status)
 
         def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            status_code[0] = int(status[:3])
             headers.append((request_id.HEADER, rid))
             if self.server_timing:
                 headers.append(("Server-Timing", timer.server_timing()))
+            # Recorded here, as the reply leaves the app, not after the body is sent: a
+            # client that has its answer then always finds it counted on /metrics.
+            record(int(status[:3]))
             return start_response(status, headers, exc_info)
 
         def finish() -> None:
-            if record:
-                _record_request(environ, timer, status_code[0])
+            record(500)  # only if the app failed before replying
             request_id.set_current(None)
 
-        if record:
+        if pending[0]:
             metrics.IN_FLIGHT.inc()
         try:
             body = self.app(environ, reply)

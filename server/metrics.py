@@ -45,7 +45,7 @@ REQUESTS = Counter(
 )
 REQUEST_SECONDS = Histogram(
     "onnxpool_request_duration_seconds",
-    "Whole request: queue wait (when X-Request-Start is sent) plus the time in the worker, to the last byte.",
+    "Whole request: queue wait (when X-Request-Start is sent) plus the time in the app until it replies.",
     ["model", "endpoint"],
     buckets=LATENCY_BUCKETS,
 )

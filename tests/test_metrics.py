@@ -9,16 +9,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.payloads import InputSpec, v2_binary_request
 from tests.harness import MODEL_NAME, Server, running_server
-from tests.v2_binary import binary_infer_request
 
 INFER_ROUTE = "/v2/models/<model>/infer"
 INFER_URL = f"/v2/models/{MODEL_NAME}/infer"
+DEMO_INPUTS = [InputSpec("input", "FP32", (-1, 3, 224, 224))]
 PHASES = ("queue", "decode", "infer", "encode")
 
 pytestmark = pytest.mark.slow
@@ -47,8 +47,10 @@ def infer_count(text: str) -> float:
 
 
 def post_infer(server: Server, batch: int = 1, headers: dict[str, str] | None = None) -> requests.Response:
-    body, extra = binary_infer_request("input", np.zeros((batch, 3, 224, 224), np.float32))
-    reply = requests.post(server.url + INFER_URL, data=body, headers={**extra, **(headers or {})}, timeout=30)
+    prepared = v2_binary_request(MODEL_NAME, DEMO_INPUTS, batch)
+    reply = requests.post(
+        server.url + prepared.path, data=prepared.body, headers={**prepared.headers, **(headers or {})}, timeout=30
+    )
     assert reply.status_code == 200, reply.text
     return reply
 

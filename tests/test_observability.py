@@ -8,20 +8,20 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 from flask import Flask
 
+from bench.payloads import InputSpec, v2_binary_request
 from config.loader import load_settings
 from server import request_id, timing
 from server.app import create_app
 from tests.harness import DEMO_MODEL, MODEL_NAME, Server, running_server
-from tests.v2_binary import binary_infer_request
 from workers.logs import JsonFormatter, TextFormatter, logconfig_dict
 from workers.session import SessionRuntime
 
 INFER_URL = f"/v2/models/{MODEL_NAME}/infer"
+DEMO_INPUTS = [InputSpec("input", "FP32", (-1, 3, 224, 224))]
 
 
 # --- X-Request-Start -> queue seconds -------------------------------------------------------------
@@ -129,8 +129,8 @@ def test_headers_and_app_log_line_carry_the_request_id(app: Flask) -> None:
 
 
 def test_infer_reports_its_phases(app: Flask) -> None:
-    body, headers = binary_infer_request("input", np.zeros((1, 3, 224, 224), np.float32))
-    with app.test_client() as client, client.post(INFER_URL, data=body, headers=headers) as reply:
+    prepared = v2_binary_request(MODEL_NAME, DEMO_INPUTS, 1)
+    with app.test_client() as client, client.post(prepared.path, data=prepared.body, headers=prepared.headers) as reply:
         assert reply.status_code == 200
         names = re.findall(r"(\w+);dur=", reply.headers["Server-Timing"])
     assert names == ["decode", "infer", "encode", "total"]
@@ -176,9 +176,9 @@ def test_logconfig_installs_the_request_id_filter_on_the_handler() -> None:
 
 @pytest.mark.slow
 def test_request_id_round_trips_and_is_in_the_access_line(server: Server) -> None:
-    body, headers = binary_infer_request("input", np.zeros((1, 3, 224, 224), np.float32))
-    headers["X-Request-ID"] = "rt-7f3a9c"
-    reply = requests.post(server.url + INFER_URL, data=body, headers=headers, timeout=30)
+    prepared = v2_binary_request(MODEL_NAME, DEMO_INPUTS, 1)
+    headers = {**prepared.headers, "X-Request-ID": "rt-7f3a9c"}
+    reply = requests.post(server.url + prepared.path, data=prepared.body, headers=headers, timeout=30)
     assert reply.status_code == 200
     assert reply.headers["X-Request-ID"] == "rt-7f3a9c"
     generated = requests.get(server.url + "/v2/health/live", timeout=10).headers["X-Request-ID"]
