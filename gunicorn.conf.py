@@ -53,3 +53,7 @@ def worker_exit(server, worker):
 
 def nworkers_changed(server, new_value, old_value):
     hooks.nworkers_changed(server, new_value, old_value)
+
+
+def on_exit(server):
+    hooks.on_exit(server)

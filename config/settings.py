@@ -305,6 +305,27 @@ class AuthSettings(Section):
         return value
 
 
+class MetricsSettings(Section):
+    """`[metrics]`: Prometheus metrics on /metrics and the Server-Timing header."""
+
+    enabled: bool = True
+    """Record Prometheus metrics in every worker and serve them, summed over workers, on GET /metrics."""
+
+    dir: str = ""
+    """Folder for the per-process metric files; "" = a fresh temporary folder per run, removed at exit.
+    A given folder is emptied when the master starts (use a tmpfs, e.g. systemd's RuntimeDirectory)."""
+
+    server_timing: bool = True
+    """Add a `Server-Timing` header (queue, decode, infer, encode, total in ms) to every reply."""
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute_dir(cls, value: str) -> str:
+        if value and not Path(value).is_absolute():
+            raise ValueError('must be an absolute path, or "" for a fresh temporary folder per run')
+        return value
+
+
 class Settings(Section):
     """All of onnxpool's settings."""
 
@@ -314,3 +335,4 @@ class Settings(Section):
     logging: LoggingSettings = LoggingSettings()
     nginx: NginxSettings = NginxSettings()
     auth: AuthSettings = AuthSettings()
+    metrics: MetricsSettings = MetricsSettings()

@@ -92,7 +92,7 @@ def read_body() -> bytes:
 
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     """Build the WSGI app for one model served by `backend`."""
-    from server import admission, auth, openapi
+    from server import admission, auth, instrument, openapi
     from server.routes_image import ImageService
     from server.routes_image import blueprint as image_blueprint
     from server.routes_v2 import blueprint as v2_blueprint
@@ -101,7 +101,9 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     # Werkzeug stops reading a body without Content-Length (chunked) here; one byte
     # past the limit so that `read_body` can tell "exactly the limit" from "more".
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
-    ctx = ServerContext(settings=settings, backend=backend)
+    # Every route's inference goes through the wrapper: infer timing + batch-size metric.
+    timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
+    ctx = ServerContext(settings=settings, backend=timed)
     ctx.extras["image"] = ImageService.from_settings(settings)
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -114,4 +116,5 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app.register_blueprint(v2_blueprint)
     app.register_blueprint(image_blueprint)
     app.register_blueprint(openapi.blueprint)
+    instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics
     return app

@@ -15,6 +15,9 @@ from typing import Protocol
 
 HEADER = "X-Request-Start"
 
+# A stamp further than this from now is a wrong clock, not a queue wait: ignored.
+MAX_PLAUSIBLE_SECONDS = 3600.0
+
 # Integers above these are milliseconds / microseconds since the epoch (1e11 s is in year 5138).
 _MILLIS_ABOVE = 1e11
 _MICROS_ABOVE = 1e14
@@ -47,7 +50,8 @@ class Headers(Protocol):
 def queue_seconds(headers: Headers, now: float) -> float | None:
     """Seconds between the `X-Request-Start` stamp and `now` (Unix time); None without one.
 
-    A stamp from the future (clocks of proxy and host disagree) counts as 0.
+    A stamp slightly in the future (clocks of proxy and host disagree) counts as
+    0; one more than an hour off either way is a wrong clock and gives None.
     `headers` is any case-insensitive mapping such as werkzeug's request.headers;
     a plain dict should use the canonical spelling `X-Request-Start`.
     """
@@ -55,6 +59,6 @@ def queue_seconds(headers: Headers, now: float) -> float | None:
     if raw is None:
         return None
     start = parse_request_start(raw)
-    if start is None:
+    if start is None or abs(now - start) > MAX_PLAUSIBLE_SECONDS:
         return None
     return max(0.0, now - start)

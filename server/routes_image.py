@@ -18,6 +18,7 @@ from server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from server.imaging import ImagePipeline
 from server.postprocess import load_labels, scores, top_k
 from server.routes_v2 import check_model, loaded_model
+from server.timing import phase
 
 blueprint = Blueprint("image", __name__)
 
@@ -83,16 +84,18 @@ def classify_images(model: str) -> Response:
     info = loaded_model()
     input_name = config.input_name or info.inputs[0].name
     output_name = config.output_name or info.outputs[0].name
-    images, names = _uploads()
-    if len(images) > ctx.settings.limits.max_batch:
-        raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
     service = _service()
-    batch = service.pipeline.preprocess_batch(images, names)
-    outputs = ctx.backend.infer({input_name: batch}, [output_name])
-    result = np.asarray(outputs[output_name])
-    k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1)
-    predictions = top_k(scores(result, config.postprocess), k, service.labels)
-    return json_response({"model": config.name, "predictions": predictions})
+    with phase("decode"):  # read the uploads, decode and preprocess the images
+        images, names = _uploads()
+        if len(images) > ctx.settings.limits.max_batch:
+            raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
+        batch = service.pipeline.preprocess_batch(images, names)
+    outputs = ctx.backend.infer({input_name: batch}, [output_name])  # timed as "infer" by the backend
+    with phase("encode"):  # scores, top-k labels, JSON
+        result = np.asarray(outputs[output_name])
+        k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1)
+        predictions = top_k(scores(result, config.postprocess), k, service.labels)
+        return json_response({"model": config.name, "predictions": predictions})
 
 
 @blueprint.post("/v2/models/<model>/classify")

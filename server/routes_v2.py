@@ -8,6 +8,7 @@ from server import __version__, admission
 from server.app import context, json_response, read_body
 from server.datatypes import v2_datatype
 from server.errors import BadRequest, NotFound, Unavailable
+from server.timing import phase
 from server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, encode_infer_response
 from workers.model_info import ModelInfo, TensorSpec
 
@@ -96,13 +97,15 @@ def infer(model: str, version: str | None = None) -> Response:
     info = loaded_model()
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
-    decoded = decode_infer_request(read_body(), info, limits, _header_length())
+    with phase("decode"):
+        decoded = decode_infer_request(read_body(), info, limits, _header_length())
     admission.check_infer_timeout(decoded.parameters)
-    outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)
-    encoded = encode_infer_response(
-        ctx.settings.model.name, ctx.settings.model.version, decoded.id, outputs, decoded.binary_outputs
-    )
-    response = Response(encoded.body, content_type=encoded.content_type)
-    if encoded.header_length is not None:
-        response.headers[BINARY_HEADER] = str(encoded.header_length)
+    outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
+    with phase("encode"):
+        encoded = encode_infer_response(
+            ctx.settings.model.name, ctx.settings.model.version, decoded.id, outputs, decoded.binary_outputs
+        )
+        response = Response(encoded.body, content_type=encoded.content_type)
+        if encoded.header_length is not None:
+            response.headers[BINARY_HEADER] = str(encoded.header_length)
     return response

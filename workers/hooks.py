@@ -8,7 +8,13 @@ Process rules (why things happen where they do):
 - worker, `post_fork`: pin to the slot's cores, build the ONE session with
   intra-op threads = share size, warm it up; only then gunicorn's worker loop
   starts accepting requests, so a worker never serves cold.
-- master, `child_exit`: the slot is freed for the replacement.
+- master, `child_exit`: the slot is freed for the replacement; the dead
+  worker's live metric gauges are dropped and the restart is counted.
+
+Metrics: `configure()` exports the per-run multiprocess folder on the first
+load (`workers.metrics_dir`), before the preloaded app imports
+prometheus_client; that is why `server.metrics` is only ever imported inside
+the hook bodies below, never at the top of this module.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from typing import Any
 
 from config.loader import ConfigError, LoadedSettings, load_settings
 from config.settings import Settings
+from workers import metrics_dir
 from workers.cores import Layout, cgroup_cpu_limit, plan_layout, usable_cores
 from workers.logs import ACCESS_FORMAT, logconfig_dict
+from workers.metrics_dir import MetricsDir
 from workers.model_info import ModelInfo
 from workers.model_probe import ModelError
 from workers.preflight import preflight
@@ -46,6 +54,7 @@ class Pool:
     layout: Layout
     slots: SlotTable
     master_pid: int
+    metrics: MetricsDir | None = None
 
     @property
     def settings(self) -> Settings:
@@ -81,8 +90,18 @@ def configure() -> Pool:
     # Keep the slot table across reloads: workers still running hold slots in it.
     keep = _pool is not None and _pool.slots.size == layout.slots
     slots = _pool.slots if keep and _pool is not None else SlotTable(layout.slots)
-    _pool = Pool(loaded=loaded, model=model, layout=layout, slots=slots, master_pid=os.getpid())
+    # The metrics folder is per run: made once, kept across reloads (totals survive).
+    metrics = _pool.metrics if _pool is not None else _prepare_metrics(loaded.settings)
+    _pool = Pool(loaded=loaded, model=model, layout=layout, slots=slots, master_pid=os.getpid(), metrics=metrics)
     return _pool
+
+
+def _prepare_metrics(settings: Settings) -> MetricsDir | None:
+    try:
+        return metrics_dir.prepare(settings.metrics)
+    except OSError as exc:
+        print(f"onnxpool: error: metrics.dir: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def pool() -> Pool:
@@ -106,6 +125,19 @@ def on_starting(server: Any) -> None:
         layout.threads,
     )
     _warn_if_oversubscribed(layout, layout.workers)
+    if p.metrics is not None:
+        log.info("metrics: GET /metrics sums the per-process files in %s", p.metrics.path)
+    _publish_build_info(p, layout.workers)
+
+
+def _publish_build_info(p: Pool, workers: int) -> None:
+    if p.metrics is None:
+        return
+    import onnxruntime
+
+    from server import __version__, metrics
+
+    metrics.set_build_info(__version__, onnxruntime.__version__, workers, p.layout.threads)
 
 
 def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
@@ -152,10 +184,24 @@ def post_fork(server: Any, worker: Any) -> None:
         runs[0] * 1000 if runs else 0.0,
         runs[-1] * 1000 if runs else 0.0,
     )
+    if p.metrics is not None:
+        from server import metrics
+
+        metrics.worker_loaded(slot, report.load_seconds, sum(runs))
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    pool().slots.release(worker.age)
+    p = pool()
+    p.slots.release(worker.age)
+    _forget_worker(p, worker.pid)
+
+
+def _forget_worker(p: Pool, pid: int) -> None:
+    """Master: drop a dead worker's live gauges (in-flight, load times); count the restart."""
+    if p.metrics is not None:
+        from server import metrics
+
+        metrics.worker_exited(pid)
 
 
 def worker_exit(server: Any, worker: Any) -> None:
@@ -164,6 +210,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     p = _pool
     if p is not None and os.getpid() == p.master_pid:
         p.slots.release(worker.age)
+        _forget_worker(p, worker.pid)
         return
     # In the worker it is gunicorn's last call before the process exits.
     exit_worker_now()
@@ -200,3 +247,11 @@ def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None
     if old_value is not None:
         log.info("worker count changed: %s -> %s", old_value, new_value)
         _warn_if_oversubscribed(pool().layout, new_value)
+    if _pool is not None:
+        _publish_build_info(_pool, new_value)
+
+
+def on_exit(server: Any) -> None:
+    # Master, last thing before it exits: remove this run's metrics folder.
+    if _pool is not None:
+        metrics_dir.remove(_pool.metrics)

@@ -1,12 +1,16 @@
 """One log format for gunicorn's master, workers, access lines and the app.
 
 Returned as a `logconfig_dict` for gunicorn, so the master sets it up once and
-every forked worker inherits it.
+every forked worker inherits it. A filter on the one handler stamps each record
+logged during a request with that request's id (`server.request_id`), so app
+lines carry `rid=...` like the access line does; in JSON mode the access line
+becomes structured fields (method, path, status, duration, request id...).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -15,10 +19,43 @@ from config.settings import LoggingSettings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 ACCESS_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s'
+ACCESS_LOGGER = "gunicorn.access"
+# Where the request id filter lives (by name: dictConfig imports it; no import arrow to server/).
+REQUEST_ID_FILTER = "server.request_id.RequestIdLogFilter"
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, plus ` rid=<id>` on lines logged while serving a request.
+
+    The access line already has `rid=` from ACCESS_FORMAT, so it is not doubled.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        rid = getattr(record, "request_id", None)
+        if rid is not None and record.name != ACCESS_LOGGER:
+            line = f"{line} rid={rid}"
+        return line
+
+
+def _access_fields(atoms: Mapping[str, Any]) -> dict[str, Any]:
+    """gunicorn's access atoms (the record's args) as JSON fields."""
+    status = atoms.get("s")
+    return {
+        "remote": atoms.get("h"),
+        "method": atoms.get("m"),
+        "path": atoms.get("U"),
+        "query": atoms.get("q") or None,
+        "status": int(str(status)) if str(status).isdigit() else status,
+        "bytes": atoms.get("B"),
+        "duration_ms": round(atoms["D"] / 1000, 3) if isinstance(atoms.get("D"), int) else None,
+        "user_agent": atoms.get("a"),
+        "request_id": atoms.get("{x-request-id}o"),
+    }
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, pid, logger, msg (+ exc)."""
+    """One JSON object per line: ts, level, pid, logger, msg (+ request_id, exc; access fields)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -31,6 +68,9 @@ class JsonFormatter(logging.Formatter):
         for key in ("request_id", "slot"):
             if hasattr(record, key):
                 entry[key] = getattr(record, key)
+        if record.name == ACCESS_LOGGER and isinstance(record.args, Mapping):
+            entry["msg"] = record.args.get("r")
+            entry.update((k, v) for k, v in _access_fields(record.args).items() if v not in (None, "-"))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
@@ -40,12 +80,20 @@ def logconfig_dict(settings: LoggingSettings) -> dict[str, Any]:
     """dictConfig for gunicorn's `logconfig_dict` from the [logging] section."""
     level = settings.level.upper()
     formatter: dict[str, Any] = (
-        {"()": f"{__name__}.JsonFormatter"} if settings.format == "json" else {"format": TEXT_FORMAT}
+        {"()": f"{__name__}.JsonFormatter"}
+        if settings.format == "json"
+        else {"()": f"{__name__}.TextFormatter", "format": TEXT_FORMAT}
     )
-    handler = {"class": "logging.StreamHandler", "formatter": "onnxpool", "stream": "ext://sys.stderr"}
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "onnxpool",
+        "filters": ["request_id"],
+        "stream": "ext://sys.stderr",
+    }
     return {
         "version": 1,
         "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": REQUEST_ID_FILTER}},
         "formatters": {"onnxpool": formatter},
         "handlers": {"stderr": handler},
         "root": {"level": level, "handlers": ["stderr"]},
@@ -56,11 +104,11 @@ def logconfig_dict(settings: LoggingSettings) -> dict[str, Any]:
                 "propagate": False,
                 "qualname": "gunicorn.error",
             },
-            "gunicorn.access": {
+            ACCESS_LOGGER: {
                 "level": "INFO" if settings.access_log else "CRITICAL",
                 "handlers": ["stderr"],
                 "propagate": False,
-                "qualname": "gunicorn.access",
+                "qualname": ACCESS_LOGGER,
             },
         },
     }

@@ -1,0 +1,151 @@
+"""Wires timing, request ids and metrics into the app.
+
+- A WSGI middleware around `app.wsgi_app` sees each request first and last:
+  it starts the phase timer (reading `X-Request-Start` for the queue wait),
+  settles the request id, adds `X-Request-ID` and `Server-Timing` to the reply
+  headers and records the request in Prometheus as the reply leaves the app
+  (total = from the proxy's X-Request-Start, or our first look at the request,
+  to the reply; the same total as in Server-Timing); the request id is cleared
+  when the server closes the reply, after its access line was written.
+- An after_request hook hands the middleware Flask's view of the request (the
+  route template and the model) as bounded metric labels.
+- `InstrumentedBackend` wraps the model backend, so EVERY endpoint that runs an
+  inference has its batch size recorded and its `infer` phase timed.
+- GET /metrics serves the Prometheus text (not itself counted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flask import Flask, Response, request
+from werkzeug.wsgi import ClosingIterator
+
+from config.settings import Settings
+from server import metrics, request_id, request_start, timing
+from server.backend import InferenceBackend
+from workers.model_info import ModelInfo
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+METRICS_PATH = "/metrics"
+LABELS_KEY = "onnxpool.metric_labels"
+UNMATCHED = "<unmatched>"
+UNKNOWN_MODEL = "<unknown>"
+
+
+class InstrumentedBackend:
+    """The app's backend, timing `infer` and recording the batch size of every inference."""
+
+    def __init__(self, backend: InferenceBackend, model: str, record_metrics: bool) -> None:
+        self._backend = backend
+        self._model = model
+        self._record = record_metrics
+
+    @property
+    def ready(self) -> bool:
+        return self._backend.ready
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._backend.info
+
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        if self._record:
+            first = next(iter(feeds.values()), None)
+            metrics.observe_batch(self._model, int(first.shape[0]) if first is not None and first.ndim else 1)
+        with timing.phase("infer"):
+            return self._backend.infer(feeds, output_names)
+
+
+class Instrumentation:
+    """WSGI middleware: timer, request id, reply headers, request metrics (see the module doc)."""
+
+    def __init__(self, app: WSGIApplication, *, record_metrics: bool, server_timing: bool) -> None:
+        self.app = app
+        self.record_metrics = record_metrics
+        self.server_timing = server_timing
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        timer = timing.RequestTimer(
+            request_start.queue_seconds({request_start.HEADER: environ.get("HTTP_X_REQUEST_START")}, time.time())
+        )
+        environ[timing.ENVIRON_KEY] = timer
+        rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
+        request_id.set_current(rid)
+        pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH]
+
+        def record(status: int) -> None:
+            if pending[0]:
+                pending[0] = False
+                _record_request(environ, timer, status)
+
+        def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            headers.append((request_id.HEADER, rid))
+            if self.server_timing:
+                headers.append(("Server-Timing", timer.server_timing()))
+            # Recorded here, as the reply leaves the app, not after the body is sent: a
+            # client that has its answer then always finds it counted on /metrics.
+            record(int(status[:3]))
+            return start_response(status, headers, exc_info)
+
+        def finish() -> None:
+            record(500)  # only if the app failed before replying
+            request_id.set_current(None)
+
+        if pending[0]:
+            metrics.IN_FLIGHT.inc()
+        try:
+            body = self.app(environ, reply)
+        except BaseException:
+            finish()
+            raise
+        return ClosingIterator(body, finish)
+
+
+def _record_request(environ: WSGIEnvironment, timer: timing.RequestTimer, status: int) -> None:
+    total = timer.total()
+    model, endpoint = environ.get(LABELS_KEY, ("", UNMATCHED))
+    metrics.IN_FLIGHT.dec()
+    metrics.observe_request(model, endpoint, status, total, timer.breakdown())
+
+
+def _stash_labels(model_name: str) -> Any:
+    """after_request hook: bounded labels for the middleware (route template, model)."""
+
+    def hook(response: Response) -> Response:
+        rule = request.url_rule
+        asked = (request.view_args or {}).get("model")
+        timer = timing.current()
+        if asked is not None:
+            model = model_name if asked == model_name else UNKNOWN_MODEL
+        elif timer is not None and "infer" in timer.phases:
+            model = model_name  # a model route without <model> in its URL, e.g. /predict
+        else:
+            model = ""
+        request.environ[LABELS_KEY] = (model, rule.rule if rule is not None else UNMATCHED)
+        return response
+
+    return hook
+
+
+def _metrics_view() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, content_type=content_type)
+
+
+def install(app: Flask, settings: Settings) -> None:
+    """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`."""
+    enabled = settings.metrics.enabled
+    app.after_request(_stash_labels(settings.model.name))
+    if enabled:
+        app.add_url_rule(METRICS_PATH, "metrics", _metrics_view, methods=["GET"])
+    app.wsgi_app = Instrumentation(  # type: ignore[method-assign]
+        app.wsgi_app, record_metrics=enabled, server_timing=settings.metrics.server_timing
+    )

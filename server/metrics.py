@@ -1,0 +1,142 @@
+"""Every Prometheus metric of onnxpool, and the small functions that observe them.
+
+Process rule: prometheus_client picks its storage when it is IMPORTED. Under
+gunicorn the master exports $PROMETHEUS_MULTIPROC_DIR at config load
+(`workers.metrics_dir`), before the preloaded app imports this module, so
+every process (master and workers) writes its own files there and `render()`
+sums them: /metrics gives the same totals whichever worker answers. Without
+that variable (an app built in-process, e.g. in tests) metrics are per process.
+
+Labels stay bounded: `endpoint` is the route template (`/v2/models/<model>/infer`,
+or `<unmatched>`), never the raw path; `model` is the configured model name,
+`<unknown>` for a URL naming another one, or "" for routes without a model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Seconds: sub-millisecond phases (decode/encode of small tensors) up to slow
+# batches and long queue waits.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+    0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+REQUESTS = Counter(
+    "onnxpool_requests",
+    "HTTP requests answered, by model, route template and status code (GET /metrics excluded).",
+    ["model", "endpoint", "status"],
+)
+REQUEST_SECONDS = Histogram(
+    "onnxpool_request_duration_seconds",
+    "Whole request: queue wait (when X-Request-Start is sent) plus the time in the app until it replies.",
+    ["model", "endpoint"],
+    buckets=LATENCY_BUCKETS,
+)
+PHASE_SECONDS = Histogram(
+    "onnxpool_request_phase_seconds",
+    "Time per request phase: queue (X-Request-Start to worker), decode (parse/preprocess), infer, encode.",
+    ["model", "endpoint", "phase"],
+    buckets=LATENCY_BUCKETS,
+)
+BATCH_SIZE = Histogram(
+    "onnxpool_inference_batch_size",
+    "Batch size of each inference (first dimension of the first input).",
+    ["model"],
+    buckets=BATCH_BUCKETS,
+)
+IN_FLIGHT = Gauge(
+    "onnxpool_requests_in_flight",
+    "Requests being served right now, over all live workers.",
+    multiprocess_mode="livesum",
+)
+WORKER_RESTARTS = Counter(
+    "onnxpool_worker_restarts",
+    "Worker processes that exited and were replaced (crash, kill, timeout, max_requests recycle, reload).",
+)
+MODEL_LOAD_SECONDS = Gauge(
+    "onnxpool_model_load_seconds",
+    "Seconds the live worker in each slot took to build its onnxruntime session.",
+    ["slot"],
+    multiprocess_mode="livesum",
+)
+WARMUP_SECONDS = Gauge(
+    "onnxpool_model_warmup_seconds",
+    "Seconds the live worker in each slot spent on warm-up inferences.",
+    ["slot"],
+    multiprocess_mode="livesum",
+)
+BUILD_INFO = Gauge(
+    "onnxpool_build_info",
+    "Always 1: onnxpool and onnxruntime versions, worker count and threads per worker.",
+    ["version", "onnxruntime_version", "workers", "threads_per_worker"],
+    multiprocess_mode="max",  # set by the master only
+)
+
+
+def observe_request(model: str, endpoint: str, status: int, total: float, phases: Mapping[str, float]) -> None:
+    """Count one answered request and record its total and per-phase seconds."""
+    REQUESTS.labels(model, endpoint, str(status)).inc()
+    REQUEST_SECONDS.labels(model, endpoint).observe(total)
+    for name, seconds in phases.items():
+        PHASE_SECONDS.labels(model, endpoint, name).observe(seconds)
+
+
+def observe_batch(model: str, batch: int) -> None:
+    BATCH_SIZE.labels(model).observe(batch)
+
+
+def worker_loaded(slot: int, load_seconds: float, warmup_seconds: float) -> None:
+    """In a worker after post_fork: how long its session build and warm-up took."""
+    MODEL_LOAD_SECONDS.labels(str(slot)).set(load_seconds)
+    WARMUP_SECONDS.labels(str(slot)).set(warmup_seconds)
+
+
+def worker_exited(pid: int) -> None:
+    """In the master when a worker is gone: drop its live gauges, count the restart.
+
+    Its counters and histograms stay in its files, so totals never go backwards.
+    """
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+    WORKER_RESTARTS.inc()
+
+
+_build_labels: tuple[str, ...] | None = None
+
+
+def set_build_info(version: str, onnxruntime_version: str, workers: int, threads_per_worker: int) -> None:
+    """In the master: publish the build info (a changed worker count replaces the old series)."""
+    global _build_labels
+    labels = (version, onnxruntime_version, str(workers), str(threads_per_worker))
+    if _build_labels is not None and _build_labels != labels:
+        # Multiprocess files cannot drop a series; 0 marks the old one stale.
+        BUILD_INFO.labels(*_build_labels).set(0)
+    BUILD_INFO.labels(*labels).set(1)
+    _build_labels = labels
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text (summed over all processes in multiprocess mode) and its content type."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
