@@ -99,16 +99,26 @@ def test_ready_and_metadata(server: Server) -> None:
     assert requests.get(f"{server.url}/v2/models/{MODEL_NAME}/versions/1/ready", timeout=5).status_code == 200
 
 
+def threads_started_by_importing_onnxruntime() -> int:
+    """OS threads `import onnxruntime` starts by itself (measured in a fresh process)."""
+    code = (
+        "t = lambda: int(open('/proc/self/status').read().split('Threads:')[1].split()[0])\n"
+        "import numpy\nbefore = t()\nimport onnxruntime\nprint(t() - before)"
+    )
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
 def test_workers_pinned_to_disjoint_shares_with_one_thread_each(server: Server) -> None:
     by_worker = shares(server)
     assert len(by_worker) == 2
     cores = list(by_worker.values())
     assert cores[0].isdisjoint(cores[1])
     assert set().union(*cores) == set(os.sched_getaffinity(0)) or len(os.sched_getaffinity(0)) > 2
+    runtime_threads = threads_started_by_importing_onnxruntime()
     for pid, share in by_worker.items():
         # intra-op threads = share size: with 1 thread onnxruntime runs on the caller's thread,
-        # so the sync worker process has exactly one OS thread.
-        assert int(proc_status(pid)["Threads"]) == len(share)
+        # so a sync worker has its main thread plus what importing onnxruntime starts, no pool.
+        assert int(proc_status(pid)["Threads"]) == 1 + runtime_threads + len(share) - 1
         assert f"pid={pid} cores={','.join(map(str, sorted(share)))} threads={len(share)}" in server.log()
 
 
@@ -122,7 +132,8 @@ def test_one_worker_two_threads_gets_both_cores(tmp_path: Path) -> None:
     with running_server(tmp_path, settings, workers=1, cpus="0,1") as srv:
         [(pid, share)] = shares(srv).items()
         assert share == {0, 1}
-        assert int(proc_status(pid)["Threads"]) == 2  # the caller + one pool thread
+        # the caller + one pool thread, plus what importing onnxruntime starts
+        assert int(proc_status(pid)["Threads"]) == 2 + threads_started_by_importing_onnxruntime()
 
 
 def test_warm_up_ran_before_ready(server: Server) -> None:
@@ -302,3 +313,11 @@ def test_onnxpool_serve_command(tmp_path: Path) -> None:
         assert len(srv.workers()) == 1  # exec'd in place: gunicorn's master is this very pid
     finally:
         srv.stop()
+
+
+def test_master_holds_no_onnxruntime(server: Server) -> None:
+    """No onnxruntime library, session or thread exists in the master that forks the workers."""
+    assert int(proc_status(server.pid)["Threads"]) == 1
+    maps = Path(f"/proc/{server.pid}/maps").read_text()
+    assert "onnxruntime" not in maps
+    assert all("onnxruntime" in Path(f"/proc/{pid}/maps").read_text() for pid in server.ready_workers())

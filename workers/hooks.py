@@ -19,7 +19,6 @@ the hook bodies below, never at the top of this module.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -133,11 +132,12 @@ def on_starting(server: Any) -> None:
 def _publish_build_info(p: Pool, workers: int) -> None:
     if p.metrics is None:
         return
-    import onnxruntime
+    from importlib.metadata import version
 
     from server import __version__, metrics
 
-    metrics.set_build_info(__version__, onnxruntime.__version__, workers, p.layout.threads)
+    # The version from the package metadata: importing onnxruntime in the master is not allowed.
+    metrics.set_build_info(__version__, version("onnxruntime"), workers, p.layout.threads)
 
 
 def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
@@ -205,40 +205,15 @@ def _forget_worker(p: Pool, pid: int) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # In the master it runs when gunicorn finds a worker already gone (ESRCH),
-    # where child_exit is skipped, so the slot must be freed here too.
+    # Runs in the worker too (its last call); only the master's bookkeeping
+    # matters. In the master it runs when gunicorn finds a worker already gone
+    # (ESRCH), where child_exit is skipped, so the slot must be freed here too.
+    # (Workers exit normally: the master never imports onnxruntime, so no
+    # thread of it was half-copied into them by fork; see workers/session.py.)
     p = _pool
     if p is not None and os.getpid() == p.master_pid:
         p.slots.release(worker.age)
         _forget_worker(p, worker.pid)
-        return
-    # In the worker it is gunicorn's last call before the process exits.
-    exit_worker_now()
-
-
-def exit_worker_now() -> None:
-    """End the worker process here, skipping C/C++ exit handlers.
-
-    onnxruntime's static destructors destroy a condition variable that a thread
-    of the MASTER was waiting on when the worker was forked; in the child that
-    thread does not exist, so pthread_cond_destroy waits forever. A worker that
-    has served its last request (SIGTERM, HUP, max_requests) would then hang
-    until the master kills it after graceful_timeout, and stopping or reloading
-    would take that long every time. The worker has nothing left to persist:
-    flush the logs and leave with the exit status gunicorn was about to use.
-    """
-    pending = sys.exc_info()[1]  # gunicorn calls this hook while its SystemExit propagates
-    status = 0
-    if isinstance(pending, SystemExit):
-        code = pending.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-    elif pending is not None:
-        status = 1
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
 
 
 def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None:

@@ -13,17 +13,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from workers.model_info import ModelInfo, TensorSpec, static_shape
 
-OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+# onnxruntime is imported inside the functions that build sessions, never at
+# module level: the gunicorn master imports this module (for RUNTIME) while
+# preloading the app, and importing onnxruntime starts a background thread.
+# A thread alive in the master at fork time leaves its locks and condition
+# variables half-owned in every worker (seen as workers hanging in
+# onnxruntime's exit handlers). Only post_fork, in the worker, imports it.
+OPT_LEVELS: dict[str, str] = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
 }
 
 
@@ -49,11 +58,13 @@ def build_session(
     the affinity mask, so N pinned workers with defaults would each spawn one
     thread per core and fight over them; the count is therefore always set.
     """
+    import onnxruntime as ort  # after fork: see OPT_LEVELS above
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = OPT_LEVELS[optimization]
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[optimization])
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
