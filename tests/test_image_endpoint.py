@@ -177,3 +177,20 @@ def test_chinese_labels_come_back_as_utf8(tmp_path: Path) -> None:
         assert "蓝色".encode() in reply.content  # raw UTF-8, not \\u84dd escapes
         assert b"\\u" not in reply.content
         assert reply.json()["predictions"][0][0] == {"label": "蓝色", "index": 2, "score": pytest.approx(1.0, abs=0.01)}
+
+
+def batch_histogram(server: Server) -> tuple[float, float]:
+    """(count, sum) of onnxpool_inference_batch_size over all workers."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        for kind in ("count", "sum"):
+            if line.startswith(f"onnxpool_inference_batch_size_{kind}{{"):
+                values[kind] = float(line.rsplit(" ", 1)[1])
+    return values.get("count", 0.0), values.get("sum", 0.0)
+
+
+def test_three_images_run_as_one_inference_of_batch_3(server: Server) -> None:
+    count, total = batch_histogram(server)
+    predict(server, CAT, COFFEE, CAT)
+    assert batch_histogram(server) == (count + 1, total + 3)
