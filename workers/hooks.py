@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from config.loader import ConfigError, LoadedSettings, load_settings
@@ -36,6 +37,7 @@ from workers.model_probe import ModelError
 from workers.preflight import preflight
 from workers.session import RUNTIME
 from workers.slots import SlotTable
+from workers.snapshot import ModelSnapshots
 
 log = logging.getLogger("onnxpool.workers")
 
@@ -53,6 +55,9 @@ class Pool:
     layout: Layout
     slots: SlotTable
     master_pid: int
+    model_file: Path
+    """The validated file new workers load (a private copy, see workers/snapshot.py)."""
+    snapshots: ModelSnapshots
     metrics: MetricsDir | None = None
 
     @property
@@ -75,15 +80,18 @@ def configure() -> Pool:
     is kept, so a typo never takes a serving master down.
     """
     global _pool
+    snapshots = _pool.snapshots if _pool is not None else ModelSnapshots()
     try:
         loaded = load_settings()
-        model = preflight(loaded.settings)
+        model, model_file = _validated_model(loaded.settings, snapshots)
     except (ConfigError, ModelError) as exc:
         if _pool is None:
+            snapshots.remove()
             print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
-        log.error("reload: keeping the running configuration: %s", exc)
+        log.error("reload: keeping the running configuration and the last good model: %s", exc)
         return _pool
+    snapshots.promote(model_file)
     server = loaded.settings.server
     layout = plan_layout(usable_cores(), server.workers, server.threads_per_worker)
     # Keep the slot table across reloads: workers still running hold slots in it.
@@ -91,8 +99,39 @@ def configure() -> Pool:
     slots = _pool.slots if keep and _pool is not None else SlotTable(layout.slots)
     # The metrics folder is per run: made once, kept across reloads (totals survive).
     metrics = _pool.metrics if _pool is not None else _prepare_metrics(loaded.settings)
-    _pool = Pool(loaded=loaded, model=model, layout=layout, slots=slots, master_pid=os.getpid(), metrics=metrics)
+    _pool = Pool(
+        loaded=loaded,
+        model=model,
+        layout=layout,
+        slots=slots,
+        master_pid=os.getpid(),
+        model_file=model_file,
+        snapshots=snapshots,
+        metrics=metrics,
+    )
     return _pool
+
+
+def _validated_model(settings: Settings, snapshots: ModelSnapshots) -> tuple[ModelInfo, Path]:
+    """Copy the model, validate the copy; the copy is what workers will load.
+
+    A model whose copy does not load on its own (external data files next to
+    it) is validated and served from its configured path instead.
+    """
+    source = settings.model.path
+    try:
+        copy = snapshots.take(source)
+    except FileNotFoundError:
+        raise ModelError(f"model file {source} does not exist") from None
+    except OSError as exc:
+        raise ModelError(f"model file {source} cannot be read: {exc.strerror}") from None
+    try:
+        return preflight(settings, copy), copy
+    except ModelError:
+        snapshots.discard(copy)
+    model = preflight(settings)  # raises the error about the real file if it is bad
+    log.info("model %s does not load from a copy (external data?): workers load it in place", source)
+    return model, source
 
 
 def _prepare_metrics(settings: Settings) -> MetricsDir | None:
@@ -164,7 +203,7 @@ def post_fork(server: Any, worker: Any) -> None:
     os.sched_setaffinity(0, cores)
     model = p.settings.model
     report = RUNTIME.load(
-        model.path,
+        p.model_file,
         intra_op_threads=len(cores),
         spin=p.settings.server.spin,
         optimization=model.graph_optimization_level,
@@ -230,3 +269,4 @@ def on_exit(server: Any) -> None:
     # Master, last thing before it exits: remove this run's metrics folder.
     if _pool is not None:
         metrics_dir.remove(_pool.metrics)
+        _pool.snapshots.remove()

@@ -5,6 +5,8 @@ Everything here raises ModelError with one line an operator can act on.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from config.settings import Settings
 from workers.model_info import ModelInfo
 from workers.model_probe import ModelError, probe_model
@@ -25,10 +27,10 @@ def _label_count(settings: Settings) -> int | None:
         raise ModelError(f"labels file {path} cannot be read: {exc.strerror}") from None
 
 
-def preflight(settings: Settings) -> ModelInfo:
-    """Load the model in a subprocess and check the settings that refer to it."""
+def preflight(settings: Settings, model_file: Path | None = None) -> ModelInfo:
+    """Load the model (or `model_file`, a copy of it) in a subprocess and check the settings that refer to it."""
     model = settings.model
-    info = probe_model(model.path)
+    info = probe_model(model_file or model.path)
     if model.input_name and info.input(model.input_name) is None:
         known = ", ".join(t.name for t in info.inputs)
         raise ModelError(f"model.input_name = {model.input_name!r} is not an input of {model.path}; inputs: {known}")
