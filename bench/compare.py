@@ -3,7 +3,8 @@
 One run, one machine, one server at a time (each is stopped before the next
 starts), same load generator and same request bytes:
   1. in-process limit (`bench.limit`, raw tensors, onnxpool's default layout);
-  2. onnxpool (gunicorn, default settings): v2 binary tensors and /predict with the cat JPEG;
+  2. onnxpool (gunicorn, default settings): v2 binary tensors, /predict with the cat JPEG,
+     and /predict with a 1920x1920 JPEG (the cat upscaled) at concurrency 4;
   3. the baseline (`bench/baselines/fastapi_app.py` under `uvicorn --workers N`, N = usable cores):
      /predict with the same JPEG.
 Writes a markdown table (ratios included) and a PNG plot.
@@ -31,7 +32,14 @@ from bench.servers import Server, free_port, start_command, start_server
 from workers.cores import plan_layout, usable_cores
 
 
-def _bench(url: str, mode: str, steps: Sequence[int], args: argparse.Namespace, progress: Progress) -> list[StepResult]:
+def _bench(
+    url: str,
+    mode: str,
+    steps: Sequence[int],
+    args: argparse.Namespace,
+    progress: Progress,
+    image: Path | None = None,
+) -> list[StepResult]:
     options = BenchOptions(
         url=url,
         mode=mode,  # type: ignore[arg-type]
@@ -39,7 +47,7 @@ def _bench(url: str, mode: str, steps: Sequence[int], args: argparse.Namespace, 
         warmup=args.warmup,
         duration=args.duration,
         model=MODEL_NAME,
-        image=args.image if mode == "predict" else None,
+        image=(image or args.image) if mode == "predict" else None,
     )
     return run_bench(options, progress).steps
 
@@ -60,6 +68,19 @@ def _start_baseline(log_dir: Path, workers: int) -> Server:
         "--no-access-log",
     ]
     return start_command(argv, log_dir, port, "/health", name="baseline", timeout=120)
+
+
+BIG_IMAGE_CONCURRENCY = 4
+
+
+def _big_jpeg(folder: Path, source: Path) -> Path:
+    """A 1920x1920 JPEG (quality 90) made by upscaling `source`: a typical phone-sized upload."""
+    from PIL import Image
+
+    target = folder / "big-1920.jpg"
+    with Image.open(source) as im:
+        im.convert("RGB").resize((1920, 1920), Image.Resampling.BICUBIC).save(target, "JPEG", quality=90)
+    return target
 
 
 def _ratio(a: float, b: float) -> str:
@@ -103,6 +124,20 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_ratio(ours.items_per_second, base.items_per_second)} | "
             + (f"{p99_ratio:.2f}x |" if p99_ratio == p99_ratio else "- |")
         )
+    big = results.get("onnxpool_predict_big") or []
+    if big:
+        lines += [
+            "",
+            "| /predict, onnxpool | concurrency | img/s | p99 ms | vs in-process limit |",
+            "|---|---|---|---|---|",
+        ]
+        for label, steps in (("cat JPEG 451x300", results["onnxpool_predict"]), ("JPEG 1920x1920", big)):
+            for step in steps:
+                if step.concurrency == BIG_IMAGE_CONCURRENCY:
+                    rate, p99 = _fmt(step)
+                    lines.append(
+                        f"| {label} | {step.concurrency} | {rate} | {p99} | {_ratio(step.items_per_second, limit)} |"
+                    )
     lines += ["", f"Load generator CPU: {results['client_cpu']}"]
     return "\n".join(lines) + "\n"
 
@@ -141,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             results["onnxpool_binary"] = _bench(server.url, "v2-binary", args.concurrency, args, progress)
             results["onnxpool_predict"] = _bench(server.url, "predict", args.concurrency, args, progress)
+            big = _big_jpeg(Path(tmp), args.image)
+            results["onnxpool_predict_big"] = _bench(
+                server.url, "predict", (BIG_IMAGE_CONCURRENCY,), args, progress, image=big
+            )
         finally:
             server.stop()
         if args.skip_baseline:
@@ -152,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["baseline_predict"] = _bench(baseline.url, "predict", args.concurrency, args, progress)
             finally:
                 baseline.stop()
-    for name in ("onnxpool_binary", "onnxpool_predict", "baseline_predict"):
+    for name in ("onnxpool_binary", "onnxpool_predict", "onnxpool_predict_big", "baseline_predict"):
         per = [f"{s.client_cpu_per_request * 1000:.2f}" for s in results[name] if s.requests]
         cpu_notes.append(f"{name} {'/'.join(per) or '-'} ms per request")
     results["client_cpu"] = ", ".join(cpu_notes)

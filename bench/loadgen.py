@@ -4,9 +4,9 @@ Why it is shaped this way: on a 2-core box the client shares the CPU with the
 server, so it must cost little per request. The connections are spread over
 several processes (`conns_per_process` each, one thread per connection; the
 threads block in socket calls, which release the GIL), each connection is a
-persistent keep-alive `http.client.HTTPConnection`, and the request bytes are
-prepared once (`bench.payloads`). gunicorn's sync workers close the connection
-after every reply; `http.client` then reconnects on the next request by itself.
+persistent keep-alive connection (`bench.rawhttp`: one sendall of request bytes
+prepared once, one parse of the reply). gunicorn's sync workers close the
+connection after every reply; the next request then reconnects.
 
 The processes are started once (spawn: a clean interpreter, nothing inherited)
 and reused for every concurrency step. All of them read the same clock
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.payloads import PreparedRequest
+from bench.rawhttp import RawConnection, wire_bytes
 
 # Exceptions after which a reused keep-alive connection is retried once on a
 # fresh one: the server may close an idle connection between two requests.
@@ -147,13 +148,6 @@ class _ConnectionResult:
     errors: Counter[str] = field(default_factory=Counter)
 
 
-def _exchange(conn: http.client.HTTPConnection, request: PreparedRequest) -> int:
-    conn.request(request.method, request.path, request.body, request.headers)
-    reply = conn.getresponse()
-    reply.read()
-    return reply.status
-
-
 def _drive(
     host: str,
     port: int,
@@ -165,7 +159,8 @@ def _drive(
     out: _ConnectionResult,
 ) -> None:
     """One connection's closed loop (runs in its own thread inside a worker process)."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = RawConnection(host, port, timeout)
+    wire = wire_bytes(request, host, port)
     wanted = command.requests_per_connection[slot] if command.requests_per_connection else None
     index = command.connections[slot]
     done = 0
@@ -181,12 +176,12 @@ def _drive(
             try:
                 reused = conn.sock is not None
                 try:
-                    outcome = _exchange(conn, request)
+                    outcome = conn.exchange(wire)
                 except STALE_CONNECTION:
                     if not reused:
                         raise
                     conn.close()
-                    outcome = _exchange(conn, request)
+                    outcome = conn.exchange(wire)
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 outcome = type(exc).__name__

@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 from config.settings import Settings
 from server import jsonfast
 from server.backend import InferenceBackend
-from server.errors import OnnxpoolError, PayloadTooLarge
+from server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
 
 log = logging.getLogger("onnxpool.server")
 
@@ -84,6 +84,16 @@ def read_body() -> bytes:
     truncated body, no error), so reading through it is not enough on its own.
     """
     limit = context().settings.server.max_body_bytes
+    length = request.content_length
+    if length is not None:
+        # Known length (already checked against the limit before the request ran):
+        # one read straight from the server's input stream. gunicorn then recv()s
+        # in large steps; going through werkzeug's stream wrapper reads 64 KiB at a
+        # time, which costs ~0.5 ms per 600 KB tensor body.
+        data: bytes = request.environ["wsgi.input"].read(length)
+        if len(data) != length:
+            raise BadRequest(f"request body ended after {len(data)} of the {length} bytes in Content-Length")
+        return data
     data = request.get_data(cache=False)
     if len(data) > limit:
         raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
