@@ -19,21 +19,37 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.httpbench import BenchOptions, run_bench
 from tests.deploy_harness import nginx_binary, start_instance, start_nginx
 from tests.harness import MODEL_NAME, free_port
-from tests.v2client import LoadRunner, LoadStats, binary_infer
 
 
-def measure(url: str, concurrency: int, seconds: float) -> LoadStats:
-    call = binary_infer(MODEL_NAME, np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))
-    runner = LoadRunner(url, call, clients=concurrency, max_requests=10**9, max_seconds=seconds)
-    return runner.run()
+@dataclass
+class Totals:
+    ok: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+def measure(url: str, concurrency: int, seconds: float, totals: Totals) -> float:
+    """One closed-loop step with the light load generator (bench.loadgen); adds to totals, returns req/s."""
+    options = BenchOptions(
+        url=url, mode="v2-binary", concurrency=(concurrency,), warmup=1.0, duration=seconds, model=MODEL_NAME
+    )
+    step = run_bench(options).steps[0]
+    totals.ok += step.ok
+    totals.failed += step.requests - step.ok
+    totals.seconds += step.seconds
+    return step.throughput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,19 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             nginx = start_nginx(tmp_path, [instance.upstream])
             targets = {"direct": instance.url, "nginx": nginx.url}
-            measure(instance.url, args.concurrency, 1.0)  # warm both paths
-            measure(nginx.url, args.concurrency, 1.0)
-            totals = {name: LoadStats() for name in targets}
+            totals = {name: Totals() for name in targets}
             per_round = args.seconds / args.rounds
             for round_no in range(args.rounds):
                 for name, url in targets.items():
-                    stats = measure(url, args.concurrency, per_round)
-                    total = totals[name]
-                    total.ok += stats.ok
-                    total.sent += stats.sent
-                    total.failures += stats.failures
-                    total.seconds += stats.seconds
-                    print(f"round {round_no + 1}/{args.rounds} {name:<6} {stats.rate:7.1f} req/s", file=sys.stderr)
+                    rate = measure(url, args.concurrency, per_round, totals[name])
+                    print(f"round {round_no + 1}/{args.rounds} {name:<6} {rate:7.1f} req/s", file=sys.stderr)
         finally:
             if nginx is not None:
                 nginx.stop()
