@@ -106,17 +106,21 @@ class Server:
                     ready.append(pid)
         return sorted(set(ready))
 
+    def is_ready(self) -> bool:
+        """The server answers /v2/health/ready with 200 (subclasses reach it other ways)."""
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(self.url + "/v2/health/ready", timeout=2).status_code == 200
+        return False
+
     def wait_ready(self, workers: int, timeout: float = 60.0, exclude: set[int] | None = None) -> list[int]:
-        """Wait until `workers` workers (not in exclude) are warmed up and the port answers."""
+        """Wait until `workers` workers (not in exclude) are warmed up and the server answers."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
             ready = [p for p in self.ready_workers() if p not in (exclude or set())]
-            if len(ready) >= workers:
-                with contextlib.suppress(requests.RequestException):
-                    if requests.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
-                        return ready
+            if len(ready) >= workers and self.is_ready():
+                return ready
             time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
 

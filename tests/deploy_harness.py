@@ -196,17 +196,6 @@ class Instance(Server):
         finally:
             connection_tcp.close()
 
-    def wait_ready(self, workers: int, timeout: float = 60.0, exclude: set[int] | None = None) -> list[int]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"instance exited with {self.process.returncode}:\n{self.log()}")
-            ready = [p for p in self.ready_workers() if p not in (exclude or set())]
-            if len(ready) >= workers and self.is_ready():
-                return ready
-            time.sleep(0.05)
-        raise TimeoutError(f"instance not ready after {timeout}s:\n{self.log()}")
-
 
 def start_instance(
     tmp_path: Path,

@@ -17,11 +17,11 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from config.settings import MetricsSettings
+from workers.rundirs import run_folder
 
 ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -51,7 +51,7 @@ def prepare(settings: MetricsSettings) -> MetricsDir | None:
             stale.unlink()
         folder = MetricsDir(path, owned=False)
     else:
-        folder = MetricsDir(Path(tempfile.mkdtemp(prefix=f"onnxpool-metrics-{os.getpid()}-")), owned=True)
+        folder = MetricsDir(run_folder("metrics"), owned=True)
     os.environ[ENV_VAR] = str(folder.path)
     return folder
 

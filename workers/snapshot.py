@@ -16,16 +16,17 @@ this protection, and a log line says so.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workers.rundirs import run_folder
 
 
 @dataclass
 class ModelSnapshots:
     """The master's copies: `current` is what new workers load."""
 
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="onnxpool-model-")))
+    folder: Path = field(default_factory=lambda: run_folder("model"))
     current: Path | None = None
     _taken: int = 0
 
