@@ -99,6 +99,19 @@ class Nginx:
         path = self.prefix / "access.log"
         return path.read_text(errors="replace").splitlines() if path.exists() else []
 
+    def wait_for_log_line(self, text: str, timeout: float = 5.0) -> bool:
+        """True once an access-log line contains `text`.
+
+        nginx writes the line when it finalises the request, which can be a moment
+        after the client has read the whole reply, so a test must not read the log once.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.access_log()):
+                return True
+            time.sleep(0.05)
+        return False
+
     def stop(self) -> None:
         stop_group(self.process, signal.SIGQUIT)  # graceful: finish what is in flight
 
