@@ -194,3 +194,23 @@ def test_three_images_run_as_one_inference_of_batch_3(server: Server) -> None:
     count, total = batch_histogram(server)
     predict(server, CAT, COFFEE, CAT)
     assert batch_histogram(server) == (count + 1, total + 3)
+
+
+def test_multipart_parts_without_a_name_get_a_400(server: Server) -> None:
+    """Found by schemathesis: a form part with no usable name made the error message itself fail."""
+    boundary = "b0undary"
+    body = (
+        f"--{boundary}\r\nContent-Disposition: form-data\r\n\r\nno name\r\n".encode()
+        + f'--{boundary}\r\nContent-Disposition: form-data; name="x"\r\n\r\nnamed\r\n'.encode()
+        + f"--{boundary}\r\nContent-Disposition: form-data; name=\"".encode()
+        + b'\xf4\x85\xb6\xba\xc3\xab\xc2\x92"\r\n\r\nodd bytes\r\n'
+        + f"--{boundary}--\r\n".encode()
+    )
+    reply = requests.post(
+        f"{server.url}/predict",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        timeout=30,
+    )
+    assert reply.status_code == 400, reply.text
+    assert "no file in field 'image'" in reply.json()["error"]
