@@ -202,7 +202,7 @@ def test_multipart_parts_without_a_name_get_a_400(server: Server) -> None:
     body = (
         f"--{boundary}\r\nContent-Disposition: form-data\r\n\r\nno name\r\n".encode()
         + f'--{boundary}\r\nContent-Disposition: form-data; name="x"\r\n\r\nnamed\r\n'.encode()
-        + f"--{boundary}\r\nContent-Disposition: form-data; name=\"".encode()
+        + f'--{boundary}\r\nContent-Disposition: form-data; name="'.encode()
         + b'\xf4\x85\xb6\xba\xc3\xab\xc2\x92"\r\n\r\nodd bytes\r\n'
         + f"--{boundary}--\r\n".encode()
     )
