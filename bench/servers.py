@@ -80,10 +80,11 @@ class Server:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     bind: str = ""
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:

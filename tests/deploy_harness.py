@@ -174,12 +174,6 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 class Instance(Server):
     """An onnxpool instance on any address: TCP `host:port` (maybe in a namespace) or a unix socket."""
 
-    host: str = "127.0.0.1"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
     @property
     def upstream(self) -> str:
         """The address nginx uses to reach this instance."""
@@ -187,27 +181,24 @@ class Instance(Server):
 
     def is_ready(self) -> bool:
         if self.bind.startswith("unix:"):
-            connection = UnixHTTPConnection(self.bind[len("unix:") :])
-            try:
-                connection.request("GET", "/v2/health/ready")
-                return connection.getresponse().status == 200
-            except OSError:
-                return False
-            finally:
-                connection.close()
+            return _answers_ready(UnixHTTPConnection(self.bind[len("unix:") :]))
         try:
             with socket.create_connection((self.host, self.port), timeout=2):
                 pass
         except OSError:
             return False
-        connection_tcp = http.client.HTTPConnection(self.host, self.port, timeout=5)
-        try:
-            connection_tcp.request("GET", "/v2/health/ready")
-            return connection_tcp.getresponse().status == 200
-        except OSError:
-            return False
-        finally:
-            connection_tcp.close()
+        return _answers_ready(http.client.HTTPConnection(self.host, self.port, timeout=5))
+
+
+def _answers_ready(connection: http.client.HTTPConnection) -> bool:
+    """GET /v2/health/ready over `connection` (TCP or unix socket) is 200."""
+    try:
+        connection.request("GET", "/v2/health/ready")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
 
 
 def start_instance(

@@ -13,7 +13,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from config.settings import ServerSettings
-from tests.deploy_harness import Instance, Nginx, host_addresses, nginx_binary, start_instance, start_nginx
+from tests.deploy_harness import Host, Instance, Nginx, host_addresses, nginx_binary, start_instance, start_nginx
 from tests.harness import MODEL_NAME, REPO, free_port
 from tests.tiny_models import build_tiny_model
 from tests.v2client import LoadRunner, binary_infer, parse_binary_reply
@@ -60,6 +60,16 @@ def infer_via(base_url: str, headers: dict[str, str] | None = None) -> tuple[np.
         base_url + call.path, data=call.body, headers={**call.headers, **(headers or {})}, timeout=30
     )
     return parse_binary_reply(response, call.output), response
+
+
+def start_hosts_behind_nginx(tmp_path: Path, hosts: Sequence[Host], instances: list[Instance]) -> Nginx:
+    """One light onnxpool per host (appended to `instances` as they start, so the caller can stop them) + nginx."""
+    for i, host in enumerate(hosts):
+        bind = f"{host.address}:{8000 if host.namespace else free_port()}"
+        instances.append(
+            start_instance(tmp_path, bind, LIGHT, namespace=host.namespace, cores=core(i), name=f"host{i}")
+        )
+    return start_nginx(tmp_path, [i.upstream for i in instances])
 
 
 def stop_all(nginx: Nginx | None, *instances: Instance | None) -> None:
@@ -151,12 +161,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         instances: list[Instance] = []
         front = None
         try:
-            for i, host in enumerate(hosts):
-                bind = f"{host.address}:{8000 if host.namespace else free_port()}"
-                instances.append(
-                    start_instance(tmp_path, bind, LIGHT, namespace=host.namespace, cores=core(i), name=f"host{i}")
-                )
-            front = start_nginx(tmp_path, [i.upstream for i in instances])
+            front = start_hosts_behind_nginx(tmp_path, hosts, instances)
             batch = np.repeat(IMAGE, 4, axis=0)  # ~40 ms per request: always one in flight
             load = LoadRunner(front.url, binary_infer(MODEL_NAME, batch), clients=3, max_requests=5000, max_seconds=60)
             load.start()
@@ -189,12 +194,7 @@ def test_kill_one_of_three_hosts(tmp_path: Path) -> None:
         instances: list[Instance] = []
         front = None
         try:
-            for i, host in enumerate(hosts):
-                bind = f"{host.address}:{8000 if host.namespace else free_port()}"
-                instances.append(
-                    start_instance(tmp_path, bind, LIGHT, namespace=host.namespace, cores=core(i), name=f"host{i}")
-                )
-            front = start_nginx(tmp_path, [i.upstream for i in instances])
+            front = start_hosts_behind_nginx(tmp_path, hosts, instances)
             load = LoadRunner(front.url, binary_infer(MODEL_NAME, IMAGE), clients=4, max_requests=5000, max_seconds=60)
             load.start()
             load.wait_for(40)
