@@ -2,11 +2,17 @@
 
 One run, one machine, one server at a time (each is stopped before the next
 starts), same load generator and same request bytes:
-  1. in-process limit (`bench.limit`, raw tensors, onnxpool's default layout);
+  1. in-process limits (`bench.limit`, onnxpool's default layout): raw tensors
+     (inference only), and the image pipeline (JPEG decode + preprocess + inference);
   2. onnxpool (gunicorn, default settings): v2 binary tensors, /predict with the cat JPEG,
      and /predict with a 1920x1920 JPEG (the cat upscaled) at concurrency 4;
-  3. the baseline (`bench/baselines/fastapi_app.py` under `uvicorn --workers N`, N = usable cores):
-     /predict with the same JPEG.
+  3. gunicorn's floor: a bare WSGI app (`bench/baselines/floor_wsgi.py`) under the same
+     number of sync workers, sent the same two requests at concurrency 4. It does no
+     work, so what it costs per request is what ANY gunicorn sync server pays here;
+     with the limits it gives the best ratio a server on this stack could reach;
+  4. the baseline (`bench/baselines/fastapi_app.py` under `uvicorn --workers N`, N = usable
+     cores, started through `bench/baselines/uvicorn_nodelay.py`, see there): /predict
+     with the same JPEG.
 Writes a markdown table (ratios included) and a PNG plot.
 
     python -m bench.compare --duration 20s --markdown docs/benchmarks-latest.md --plot docs/benchmarks.png
@@ -23,10 +29,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.floor import start_floor_app
 from bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
 from bench.limit import LimitPlan, measure_limit
 from bench.loadgen import StepResult
 from bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
+from bench.payloads import PreparedRequest, prepare
 from bench.progress import Progress
 from bench.servers import Server, free_port, start_command, start_server
 from workers.cores import plan_layout, usable_cores
@@ -39,6 +47,7 @@ def _bench(
     args: argparse.Namespace,
     progress: Progress,
     image: Path | None = None,
+    request: PreparedRequest | None = None,
 ) -> list[StepResult]:
     options = BenchOptions(
         url=url,
@@ -49,15 +58,15 @@ def _bench(
         model=MODEL_NAME,
         image=(image or args.image) if mode == "predict" else None,
     )
-    return run_bench(options, progress).steps
+    return run_bench(options, progress, request).steps
 
 
-def _start_baseline(log_dir: Path, workers: int) -> Server:
+def _start_baseline(log_dir: Path, workers: int, stock: bool = False) -> Server:
     port = free_port()
     argv = [
         sys.executable,
         "-m",
-        "uvicorn",
+        "uvicorn" if stock else "bench.baselines.uvicorn_nodelay",
         "bench.baselines.fastapi_app:app",
         "--workers",
         str(workers),
@@ -93,6 +102,36 @@ def _fmt(step: StepResult) -> tuple[str, str]:
     return f"{step.items_per_second:.1f}", f"{step.percentile(99) * 1000:.1f}"
 
 
+def _ceiling_rows(results: dict[str, Any]) -> list[str]:
+    """What the stack allows: per-image work in-process + gunicorn's floor per request, vs what onnxpool got."""
+    workers = int(results["layout"].split("x")[0])
+    limit, floor = results["limit"], results.get("floor") or {}
+    rows = []
+    cases = (
+        ("v2 binary tensors", "binary", limit, "onnxpool_binary", "inference"),
+        (
+            "/predict, cat JPEG",
+            "predict",
+            results.get("limit_image", 0.0),
+            "onnxpool_predict",
+            "decode + preprocess + inference",
+        ),
+    )
+    for label, key, in_process, measured_key, work in cases:
+        floor_rate = floor.get(key, 0.0)
+        if not (in_process and floor_rate and limit):
+            continue
+        work_ms, floor_ms = 1000 * workers / in_process, 1000 * workers / floor_rate
+        best = 1000 * workers / (work_ms + floor_ms)
+        got = next((s for s in results[measured_key] if s.concurrency == BIG_IMAGE_CONCURRENCY), None)
+        rate = got.items_per_second if got is not None and got.ok else 0.0
+        rows.append(
+            f"| {label} | {work_ms:.2f} ms ({work}) | {floor_ms:.2f} ms | {best:.1f} img/s = "
+            f"{_ratio(best, limit)} | {rate:.1f} img/s = {_ratio(rate, limit)} |"
+        )
+    return rows
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The tables for docs/BENCHMARKS.md from one compare run."""
     limit, layout = results["limit"], results["layout"]
@@ -110,10 +149,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"| onnxpool, v2 binary tensors | {step.concurrency} | {rate} | {p99} | "
             f"{_ratio(step.items_per_second, limit)} |"
         )
+    baseline_name = "stock uvicorn" if results.get("baseline_stock") else "uvicorn, TCP_NODELAY fixed"
     lines += [
         "",
-        "| /predict, cat JPEG | concurrency | onnxpool img/s | onnxpool p99 ms | baseline img/s | baseline p99 ms "
-        "| throughput ratio | p99 ratio |",
+        f"| /predict, cat JPEG | concurrency | onnxpool img/s | onnxpool p99 ms | baseline ({baseline_name}) img/s "
+        "| baseline p99 ms | throughput ratio | p99 ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for ours, base in zip(results["onnxpool_predict"], results["baseline_predict"], strict=True):
@@ -138,6 +178,18 @@ def markdown(results: dict[str, Any]) -> str:
                     lines.append(
                         f"| {label} | {step.concurrency} | {rate} | {p99} | {_ratio(step.items_per_second, limit)} |"
                     )
+    ceiling = _ceiling_rows(results)
+    if ceiling:
+        lines += [
+            "",
+            f"What the stack allows at concurrency {BIG_IMAGE_CONCURRENCY} (per worker; the floor is a bare gunicorn "
+            "sync app sent the same request, load generator and kernel included):",
+            "",
+            "| request | work per image in-process | gunicorn floor per request | best possible (work + floor) "
+            "| onnxpool |",
+            "|---|---|---|---|---|",
+            *ceiling,
+        ]
     lines += ["", f"Load generator CPU: {results['client_cpu']}"]
     return "\n".join(lines) + "\n"
 
@@ -146,11 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=parse_seconds, default=20.0, help="measured seconds per step (20s)")
     parser.add_argument("--warmup", type=parse_seconds, default=3.0, help="warm-up seconds per step (3s)")
-    parser.add_argument("--concurrency", type=parse_steps, default=(4, 8), help="steps (default 4,8)")
+    parser.add_argument("--concurrency", type=parse_steps, default=(1, 2, 4, 8), help="steps (default 1,2,4,8)")
     parser.add_argument("--image", type=Path, default=CAT_JPEG, help="JPEG for /predict (the cat)")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--plot", type=Path, help="write the PNG plot here")
-    parser.add_argument("--skip-baseline", action="store_true", help="only onnxpool and the limit")
+    parser.add_argument("--skip-baseline", action="store_true", help="only onnxpool, the limits and the floor")
+    parser.add_argument(
+        "--baseline",
+        choices=("nodelay", "stock"),
+        default="nodelay",
+        help="uvicorn as shipped ('stock'), or with its TCP_NODELAY bug worked around (default)",
+    )
     args = parser.parse_args(argv)
     if not args.skip_baseline and not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "multipart")):
         print("the baseline needs: pip install 'onnxpool[baseline]' (or use --skip-baseline)", file=sys.stderr)
@@ -165,28 +223,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         "layout": f"{layout.workers}x{layout.threads}",
         "duration": args.duration,
         "warmup": args.warmup,
+        "baseline_stock": args.baseline == "stock",
     }
-    progress.done(f"1/3 in-process limit, {layout.workers}x{layout.threads}, raw tensors")
+    stages = 4 if not args.skip_baseline else 3
+    progress.done(f"1/{stages} in-process limits, {layout.workers}x{layout.threads}: raw tensors, then image pipeline")
     limit = measure_limit(LimitPlan(DEMO_MODEL, layout, duration=args.duration, warmup=args.warmup))
     results["limit"] = limit.items_per_second
+    image_plan = LimitPlan(
+        DEMO_MODEL, layout, pipeline="image", image=args.image.read_bytes(), duration=args.duration, warmup=args.warmup
+    )
+    results["limit_image"] = measure_limit(image_plan).items_per_second
     cpu_notes = []
     with tempfile.TemporaryDirectory(prefix="onnxpool-compare-") as tmp:
-        progress.done("2/3 onnxpool (gunicorn, default settings)")
+        progress.done(f"2/{stages} onnxpool (gunicorn, default settings)")
         server = start_server(Path(tmp), {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}, workers=layout.workers)
         try:
-            results["onnxpool_binary"] = _bench(server.url, "v2-binary", args.concurrency, args, progress)
-            results["onnxpool_predict"] = _bench(server.url, "predict", args.concurrency, args, progress)
+            binary = prepare("v2-binary", server.url, model=MODEL_NAME)
+            predict = prepare("predict", server.url, model=MODEL_NAME, image=args.image)
+            results["onnxpool_binary"] = _bench(
+                server.url, "v2-binary", args.concurrency, args, progress, request=binary
+            )
+            results["onnxpool_predict"] = _bench(
+                server.url, "predict", args.concurrency, args, progress, request=predict
+            )
             big = _big_jpeg(Path(tmp), args.image)
             results["onnxpool_predict_big"] = _bench(
                 server.url, "predict", (BIG_IMAGE_CONCURRENCY,), args, progress, image=big
             )
         finally:
             server.stop()
+        progress.done(f"3/{stages} gunicorn's floor: a bare WSGI app, {layout.workers} sync workers")
+        floor_app = start_floor_app(Path(tmp), layout.workers)
+        try:
+            floor = {}
+            for key, request in (("binary", binary), ("predict", predict)):
+                step = _bench(floor_app.url, "v2-binary", (BIG_IMAGE_CONCURRENCY,), args, progress, request=request)[0]
+                floor[key] = step.throughput
+            results["floor"] = floor
+        finally:
+            floor_app.stop()
         if args.skip_baseline:
             results["baseline_predict"] = [StepResult(c, 1.0, _empty()) for c in args.concurrency]
         else:
-            progress.done(f"3/3 baseline: FastAPI + uvicorn --workers {len(cores)}")
-            baseline = _start_baseline(Path(tmp), len(cores))
+            progress.done(f"4/{stages} baseline: FastAPI + uvicorn --workers {len(cores)} ({args.baseline})")
+            baseline = _start_baseline(Path(tmp), len(cores), stock=args.baseline == "stock")
             try:
                 results["baseline_predict"] = _bench(baseline.url, "predict", args.concurrency, args, progress)
             finally:

@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.loadgen import LoadGenerator, StepPlan
 from bench.payloads import PreparedRequest
-from bench.servers import free_port, start_command, start_server
+from bench.servers import Server, free_port, start_command, start_server
 
 
 def _request() -> PreparedRequest:
@@ -41,6 +41,13 @@ def _request() -> PreparedRequest:
     )
 
 
+def start_floor_app(folder: Path, workers: int) -> Server:
+    """The bare WSGI app (bench/baselines/floor_wsgi.py) under `workers` gunicorn sync workers, on loopback."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}", "--no-control-socket"]
+    return start_command([*argv, "bench.baselines.floor_wsgi:app"], folder, port, "/", name="floor")
+
+
 def _measure(url: str, duration: float) -> tuple[float, float]:
     with LoadGenerator(url, _request(), 4) as generator:
         step = generator.run_step(StepPlan(4, 1.0, duration))
@@ -57,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="onnxpool-floor-") as tmp:
         folder = Path(tmp)
         print("1/2 bare gunicorn app ...", file=sys.stderr)
-        port = free_port()
-        argv_floor = [sys.executable, "-m", "gunicorn", "-w", "2", "-b", f"127.0.0.1:{port}", "--no-control-socket"]
-        bare = start_command([*argv_floor, "bench.baselines.floor_wsgi:app"], folder, port, "/", name="floor")
+        bare = start_floor_app(folder, 2)
         try:
             rows.append(("bare gunicorn sync app", *_measure(bare.url, args.duration)))
         finally:
