@@ -15,6 +15,7 @@ from flask import Blueprint, Response, request
 from config.settings import Settings
 from server.app import context, json_response, read_body
 from server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from server.formdata import parse_form
 from server.imaging import ImagePipeline
 from server.postprocess import load_labels, scores, top_k
 from server.routes_v2 import check_model, loaded_model
@@ -46,34 +47,34 @@ def _service() -> ImageService:
     return service
 
 
-def _uploads() -> tuple[list[bytes], list[str]]:
-    """The request's images and a name for each (used in error messages)."""
+def _uploads(max_uploads: int) -> tuple[list[bytes], list[str], dict[str, str]]:
+    """The request's images, a name for each (used in error messages), and its form fields."""
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
-        files = request.files.getlist(IMAGE_FIELD)
-        if not files:
-            # field names come from the client: any text (or none at all), so shown bounded
-            sent = sorted({repr(name)[:40] for name in (*request.files, *request.form)})
+        form = parse_form(read_body(), request.content_type or "", IMAGE_FIELD, max_uploads)
+        if not form.uploads:
+            # part names come from the client: any text (or none at all), so shown bounded
+            sent = sorted({repr(name)[:40] for name in form.names})
             fields = ", ".join(sent[:10]) + (", ..." if len(sent) > 10 else "") or "none"
             raise BadRequest(f"multipart body has no file in field '{IMAGE_FIELD}' (fields sent: {fields})")
-        names = [f'image[{i}] "{f.filename or "unnamed"}"' for i, f in enumerate(files)]
-        return [f.read() for f in files], names
+        names = [f'image[{i}] "{filename or "unnamed"}"' for i, (filename, _) in enumerate(form.uploads)]
+        return [content for _, content in form.uploads], names, form.fields
     if mimetype.startswith("image/"):
-        return [read_body()], [f"request body ({mimetype})"]
+        return [read_body()], [f"request body ({mimetype})"], {}
     raise UnsupportedMediaType(
         f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
         f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"
     )
 
 
-def _top_k(default: int, classes: int) -> int:
-    raw = request.args.get("top_k") or request.form.get("top_k")
+def _top_k(default: int, classes: int, fields: dict[str, str]) -> int:
+    raw = request.args.get("top_k") or fields.get("top_k")
     if raw is None:
         return min(default, classes)
     try:
         k = int(raw)
     except ValueError:
-        raise BadRequest(f"top_k must be a positive integer, got {raw!r}") from None
+        raise BadRequest(f"top_k must be a positive integer, got {raw[:40]!r}") from None
     if k < 1:
         raise BadRequest(f"top_k must be a positive integer, got {k}")
     return min(k, classes)
@@ -88,14 +89,14 @@ def classify_images(model: str) -> Response:
     output_name = config.output_name or info.outputs[0].name
     service = _service()
     with phase("decode"):  # read the uploads, decode and preprocess the images
-        images, names = _uploads()
+        images, names, fields = _uploads(ctx.settings.limits.max_images)
         if len(images) > ctx.settings.limits.max_batch:
             raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
         batch = service.pipeline.preprocess_batch(images, names)
     outputs = ctx.backend.infer({input_name: batch}, [output_name])  # timed as "infer" by the backend
     with phase("encode"):  # scores, top-k labels, JSON
         result = np.asarray(outputs[output_name])
-        k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1)
+        k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1, fields)
         predictions = top_k(scores(result, config.postprocess), k, service.labels)
         return json_response({"model": config.name, "predictions": predictions})
 

@@ -69,6 +69,28 @@ def test_top_k_is_bounded_and_checked(server: Server) -> None:
     assert reply.status_code == 400 and "top_k must be a positive integer" in reply.json()["error"]
 
 
+def test_form_fields_and_uploads_without_a_filename(server: Server) -> None:
+    """What curl sends for `-F top_k=2 -F 'image=<cat.jpg'`: top_k as a form field, the file with no filename."""
+    boundary = "curl-like-boundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n2\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"\r\nContent-Type: image/jpeg\r\n\r\n'
+        ).encode()
+        + COFFEE
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    reply = requests.post(
+        f"{server.url}/predict",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text
+    (best,) = reply.json()["predictions"]
+    assert len(best) == 2 and best[0]["label"] == "espresso"
+
+
 def variants() -> dict[str, tuple[bytes, bytes]]:
     """name -> (odd encoding, its plain RGB equivalent)."""
     rgb = Image.open(io.BytesIO(CAT)).convert("RGB")
