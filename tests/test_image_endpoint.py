@@ -69,6 +69,12 @@ def test_top_k_is_bounded_and_checked(server: Server) -> None:
     assert reply.status_code == 400 and "top_k must be a positive integer" in reply.json()["error"]
 
 
+def post_multipart(server: Server, boundary: str, body: bytes) -> requests.Response:
+    """POST a hand-built multipart/form-data body to /predict, exactly as given."""
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    return requests.post(f"{server.url}/predict", data=body, headers=headers, timeout=30)
+
+
 def test_form_fields_and_uploads_without_a_filename(server: Server) -> None:
     """What curl sends for `-F top_k=2 -F 'image=<cat.jpg'`: top_k as a form field, the file with no filename."""
     boundary = "curl-like-boundary"
@@ -80,12 +86,7 @@ def test_form_fields_and_uploads_without_a_filename(server: Server) -> None:
         + COFFEE
         + f"\r\n--{boundary}--\r\n".encode()
     )
-    reply = requests.post(
-        f"{server.url}/predict",
-        data=body,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-        timeout=30,
-    )
+    reply = post_multipart(server, boundary, body)
     assert reply.status_code == 200, reply.text
     (best,) = reply.json()["predictions"]
     assert len(best) == 2 and best[0]["label"] == "espresso"
@@ -228,11 +229,6 @@ def test_multipart_parts_without_a_name_get_a_400(server: Server) -> None:
         + b'\xf4\x85\xb6\xba\xc3\xab\xc2\x92"\r\n\r\nodd bytes\r\n'
         + f"--{boundary}--\r\n".encode()
     )
-    reply = requests.post(
-        f"{server.url}/predict",
-        data=body,
-        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-        timeout=30,
-    )
+    reply = post_multipart(server, boundary, body)
     assert reply.status_code == 400, reply.text
     assert "no file in field 'image'" in reply.json()["error"]
