@@ -1,19 +1,26 @@
 """Side-by-side benchmark for docs/BENCHMARKS.md: onnxpool vs its in-process limit and vs FastAPI/uvicorn.
 
-One run, one machine, one server at a time (each is stopped before the next
-starts), same load generator and same request bytes:
-  1. in-process limits (`bench.limit`, onnxpool's default layout): raw tensors
-     (inference only), and the image pipeline (JPEG decode + preprocess + inference);
-  2. onnxpool (gunicorn, default settings): v2 binary tensors, /predict with the cat JPEG,
-     and /predict with a 1920x1920 JPEG (the cat upscaled) at concurrency 4;
-  3. gunicorn's floor: a bare WSGI app (`bench/baselines/floor_wsgi.py`) under the same
-     number of sync workers, sent the same two requests at concurrency 4. It does no
-     work, so what it costs per request is what ANY gunicorn sync server pays here;
-     with the limits it gives the best ratio a server on this stack could reach;
-  4. the baseline (`bench/baselines/fastapi_app.py` under `uvicorn --workers N`, N = usable
-     cores, started through `bench/baselines/uvicorn_nodelay.py`, see there): /predict
-     with the same JPEG.
-Writes a markdown table (ratios included) and a PNG plot.
+One run, one machine, same load generator and same request bytes. The servers
+are all started first and stay up, idle while another one is measured (an idle
+sync worker or uvicorn worker uses no CPU), so that the numbers forming each
+ratio are measured next to each other: this machine's speed drifts by 10%
+and more within minutes, and measuring one server after the other would put
+that drift into the ratios.
+  1. v2 binary tensors: the in-process limit (`bench.limit`, onnxpool's default
+     layout, raw tensors), onnxpool at each concurrency, gunicorn's floor, then
+     the limit again (the ratios use the mean of both; their difference is
+     the drift within the run);
+  2. /predict with the cat JPEG: the in-process limit of the image pipeline
+     (JPEG decode + preprocess + inference), then at each concurrency onnxpool
+     and the baseline one right after the other, gunicorn's floor, and a
+     1920x1920 JPEG (the cat upscaled) on onnxpool at concurrency 4.
+gunicorn's floor is a bare WSGI app (`bench/baselines/floor_wsgi.py`) under the
+same number of sync workers, sent the same request at concurrency 4. It does
+no work, so what it costs per request is what ANY gunicorn sync server pays
+here; with the limits it gives the best ratio a server on this stack could
+reach. The baseline is `bench/baselines/fastapi_app.py` under `uvicorn --workers
+N` (N = usable cores), started through `bench/baselines/uvicorn_nodelay.py`
+(see there). Writes a markdown table (ratios included) and a PNG plot.
 
     python -m bench.compare --duration 20s --markdown docs/benchmarks-latest.md --plot docs/benchmarks.png
 """
@@ -21,6 +28,7 @@ Writes a markdown table (ratios included) and a PNG plot.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import sys
 import tempfile
@@ -34,29 +42,22 @@ from bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
 from bench.limit import LimitPlan, measure_limit
 from bench.loadgen import StepResult
 from bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
-from bench.payloads import PreparedRequest, prepare
+from bench.payloads import PreparedRequest, infer_path, predict_request, prepare
 from bench.progress import Progress
 from bench.servers import Server, free_port, start_command, start_server
 from workers.cores import plan_layout, usable_cores
 
 
 def _bench(
-    url: str,
-    mode: str,
-    steps: Sequence[int],
-    args: argparse.Namespace,
-    progress: Progress,
-    image: Path | None = None,
-    request: PreparedRequest | None = None,
+    url: str, request: PreparedRequest, steps: Sequence[int], args: argparse.Namespace, progress: Progress
 ) -> list[StepResult]:
     options = BenchOptions(
         url=url,
-        mode=mode,  # type: ignore[arg-type]
+        mode="predict" if request.path != INFER_PATH else "v2-binary",
         concurrency=tuple(steps),
         warmup=args.warmup,
         duration=args.duration,
         model=MODEL_NAME,
-        image=(image or args.image) if mode == "predict" else None,
     )
     return run_bench(options, progress, request).steps
 
@@ -80,6 +81,7 @@ def _start_baseline(log_dir: Path, workers: int, stock: bool = False) -> Server:
 
 
 BIG_IMAGE_CONCURRENCY = 4
+INFER_PATH = infer_path(MODEL_NAME)
 
 
 def _big_jpeg(folder: Path, source: Path) -> Path:
@@ -141,7 +143,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| what | concurrency | img/s | p99 ms | vs in-process limit |",
         "|---|---|---|---|---|",
-        f"| in-process limit (raw tensors, no HTTP) | - | {limit:.1f} | - | 1.00x |",
+        f"| in-process limit (raw tensors, no HTTP; mean of {results['limit_runs'][0]:.1f} before and "
+        f"{results['limit_runs'][1]:.1f} after the onnxpool steps) | - | {limit:.1f} | - | 1.00x |",
     ]
     for step in results["onnxpool_binary"]:
         rate, p99 = _fmt(step)
@@ -225,52 +228,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warmup": args.warmup,
         "baseline_stock": args.baseline == "stock",
     }
-    stages = 4 if not args.skip_baseline else 3
-    progress.done(f"1/{stages} in-process limits, {layout.workers}x{layout.threads}: raw tensors, then image pipeline")
-    limit = measure_limit(LimitPlan(DEMO_MODEL, layout, duration=args.duration, warmup=args.warmup))
-    results["limit"] = limit.items_per_second
+    raw_plan = LimitPlan(DEMO_MODEL, layout, duration=args.duration, warmup=args.warmup)
     image_plan = LimitPlan(
         DEMO_MODEL, layout, pipeline="image", image=args.image.read_bytes(), duration=args.duration, warmup=args.warmup
     )
-    results["limit_image"] = measure_limit(image_plan).items_per_second
+    with tempfile.TemporaryDirectory(prefix="onnxpool-compare-") as tmp, contextlib.ExitStack() as running:
+        folder = Path(tmp)
+        progress.done("starting onnxpool, the floor app" + ("" if args.skip_baseline else " and the baseline"))
+        server = start_server(folder, {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}, workers=layout.workers)
+        running.callback(server.stop)
+        floor_app = start_floor_app(folder, layout.workers)
+        running.callback(floor_app.stop)
+        baseline = None
+        if not args.skip_baseline:
+            baseline = _start_baseline(folder, len(cores), stock=args.baseline == "stock")
+            running.callback(baseline.stop)
+        binary = prepare("v2-binary", server.url, model=MODEL_NAME)
+        predict = predict_request(args.image, 1)
+        big = predict_request(_big_jpeg(folder, args.image), 1)
+        floor_steps = (BIG_IMAGE_CONCURRENCY,)
+
+        progress.done(f"1/2 v2 binary tensors: limit ({layout.workers}x{layout.threads}), onnxpool, floor, limit")
+        before = measure_limit(raw_plan).items_per_second
+        results["onnxpool_binary"] = _bench(server.url, binary, args.concurrency, args, progress)
+        results["floor"] = {"binary": _bench(floor_app.url, binary, floor_steps, args, progress)[0].throughput}
+        after = measure_limit(raw_plan).items_per_second
+        results["limit"], results["limit_runs"] = (before + after) / 2, (before, after)
+
+        progress.done("2/2 /predict: image-pipeline limit, then onnxpool and the baseline in turn, floor, big JPEG")
+        results["limit_image"] = measure_limit(image_plan).items_per_second
+        ours: list[StepResult] = []
+        theirs: list[StepResult] = []
+        for concurrency in args.concurrency:
+            ours += _bench(server.url, predict, (concurrency,), args, progress)
+            if baseline is not None:
+                theirs += _bench(baseline.url, predict, (concurrency,), args, progress)
+            else:
+                theirs.append(StepResult(concurrency, 1.0, _empty()))
+        results["onnxpool_predict"], results["baseline_predict"] = ours, theirs
+        results["floor"]["predict"] = _bench(floor_app.url, predict, floor_steps, args, progress)[0].throughput
+        results["onnxpool_predict_big"] = _bench(server.url, big, floor_steps, args, progress)
     cpu_notes = []
-    with tempfile.TemporaryDirectory(prefix="onnxpool-compare-") as tmp:
-        progress.done(f"2/{stages} onnxpool (gunicorn, default settings)")
-        server = start_server(Path(tmp), {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}, workers=layout.workers)
-        try:
-            binary = prepare("v2-binary", server.url, model=MODEL_NAME)
-            predict = prepare("predict", server.url, model=MODEL_NAME, image=args.image)
-            results["onnxpool_binary"] = _bench(
-                server.url, "v2-binary", args.concurrency, args, progress, request=binary
-            )
-            results["onnxpool_predict"] = _bench(
-                server.url, "predict", args.concurrency, args, progress, request=predict
-            )
-            big = _big_jpeg(Path(tmp), args.image)
-            results["onnxpool_predict_big"] = _bench(
-                server.url, "predict", (BIG_IMAGE_CONCURRENCY,), args, progress, image=big
-            )
-        finally:
-            server.stop()
-        progress.done(f"3/{stages} gunicorn's floor: a bare WSGI app, {layout.workers} sync workers")
-        floor_app = start_floor_app(Path(tmp), layout.workers)
-        try:
-            floor = {}
-            for key, request in (("binary", binary), ("predict", predict)):
-                step = _bench(floor_app.url, "v2-binary", (BIG_IMAGE_CONCURRENCY,), args, progress, request=request)[0]
-                floor[key] = step.throughput
-            results["floor"] = floor
-        finally:
-            floor_app.stop()
-        if args.skip_baseline:
-            results["baseline_predict"] = [StepResult(c, 1.0, _empty()) for c in args.concurrency]
-        else:
-            progress.done(f"4/{stages} baseline: FastAPI + uvicorn --workers {len(cores)} ({args.baseline})")
-            baseline = _start_baseline(Path(tmp), len(cores), stock=args.baseline == "stock")
-            try:
-                results["baseline_predict"] = _bench(baseline.url, "predict", args.concurrency, args, progress)
-            finally:
-                baseline.stop()
     for name in ("onnxpool_binary", "onnxpool_predict", "onnxpool_predict_big", "baseline_predict"):
         per = [f"{s.client_cpu_per_request * 1000:.2f}" for s in results[name] if s.requests]
         cpu_notes.append(f"{name} {'/'.join(per) or '-'} ms per request")
