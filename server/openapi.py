@@ -390,7 +390,10 @@ def _classify_operation(params: list[Schema], operation: str, auth: bool) -> Sch
                     "schema": {
                         "type": "object",
                         "required": ["image"],
-                        "properties": {"image": {"type": "array", "items": image}},
+                        "properties": {
+                            "image": {"type": "array", "items": image},
+                            "top_k": {"type": "integer", "minimum": 1, "description": "Same as the query parameter."},
+                        },
                     }
                 },
                 "image/*": {"schema": image},
