@@ -144,6 +144,20 @@ class Server:
         return self.process.returncode
 
 
+def spawn_logged(argv: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start `argv` from the repo root in its own session (process group), stdout+stderr to `log_path`."""
+    with log_path.open("wb") as log_file:
+        return subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=dict(env),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
 def start_server(
     tmp_path: Path,
     settings: Mapping[str, str] | None = None,
@@ -168,16 +182,8 @@ def start_server(
         env["ONNXPOOL_CONFIG"] = str(config)
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path = tmp_path / f"{name}-{port}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [*(["taskset", "-c", cpus] if cpus else []), sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)],
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    argv = [*(["taskset", "-c", cpus] if cpus else []), sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)]
+    process = spawn_logged(argv, log_path, env)
     server = Server(process=process, port=port, log_path=log_path, env=env, bind=env["ONNXPOOL_SERVER__BIND"])
     if wait:
         try:
@@ -227,16 +233,7 @@ def start_command(
     Stop it with `Server.stop()` (its process group only).
     """
     log_path = log_dir / f"{name}-{port}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=clean_env(env),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    process = spawn_logged(argv, log_path, clean_env(env))
     server = Server(process=process, port=port, log_path=log_path, bind=f"127.0.0.1:{port}")
     try:
         wait_http_ok(server.url + ready_path, process, log_path, timeout)

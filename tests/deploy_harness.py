@@ -29,7 +29,7 @@ from pathlib import Path
 
 from config.nginx import render_site
 from config.settings import NginxSettings, ServerSettings, Settings
-from tests.harness import REPO, Server, clean_env, free_port
+from tests.harness import REPO, Server, clean_env, free_port, spawn_logged
 
 
 def nginx_binary() -> str | None:
@@ -231,16 +231,7 @@ def start_instance(
         host, _, port_text = bind.rpartition(":")
         port = int(port_text)
     log_path = tmp_path / f"{name}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    process = spawn_logged(argv, log_path, env)
     instance = Instance(process=process, port=port, log_path=log_path, env=env, bind=bind, host=host)
     if wait:
         try:

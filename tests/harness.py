@@ -18,6 +18,7 @@ from bench.servers import (
     parse_cpu_list,
     proc_status,
     running_server,
+    spawn_logged,
     start_server,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "parse_cpu_list",
     "proc_status",
     "running_server",
+    "spawn_logged",
     "start_server",
 ]
