@@ -8,10 +8,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,25 +70,41 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_slow_model(tmp_path_factory.mktemp("models") / "slow.onnx")
 
 
-def _wait_replacement(server: Server, old: set[int]) -> int:
-    fresh = server.wait_ready(1, timeout=60, exclude=old)
-    return fresh[0]
+@dataclass
+class SlowInFlight:
+    """A server (2 workers, slow model) with one endless inference running on `busy`."""
+
+    server: Server
+    original: set[int]
+    slow: SlowRequest
+    busy: int
+    cores: str
+
+    def wait_replacement(self) -> int:
+        """The pid of the worker that replaced `busy`, once it is warmed up."""
+        return self.server.wait_ready(1, timeout=60, exclude=self.original)[0]
 
 
-def test_inference_past_timeout_replaces_the_worker_on_the_same_cores(tmp_path: Path, slow_model: Path) -> None:
-    settings = server_settings(slow_model) | {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_SERVER__TIMEOUT": "2"}
+@contextlib.contextmanager
+def slow_in_flight(tmp_path: Path, model: Path, extra: dict[str, str] | None = None) -> Iterator[SlowInFlight]:
+    settings = server_settings(model) | {"ONNXPOOL_SERVER__WORKERS": "2"} | (extra or {})
     with running_server(tmp_path, settings, workers=2) as server:
         original = set(server.workers())
         slow = SlowRequest(server.url)
         slow.start()
         busy = _busy_worker(server)
-        cores = proc_status(busy)["Cpus_allowed_list"]
+        yield SlowInFlight(server, original, slow, busy, proc_status(busy)["Cpus_allowed_list"])
+
+
+def test_inference_past_timeout_replaces_the_worker_on_the_same_cores(tmp_path: Path, slow_model: Path) -> None:
+    with slow_in_flight(tmp_path, slow_model, {"ONNXPOOL_SERVER__TIMEOUT": "2"}) as run:
+        server, slow, busy, cores = run.server, run.slow, run.busy, run.cores
         slow.join(30)
         assert not slow.is_alive(), "the client hung past gunicorn's timeout"
         assert slow.status is None and isinstance(slow.error, requests.ConnectionError), (slow.status, slow.error)
         assert 2 <= slow.seconds < 20
         assert f"WORKER TIMEOUT (pid:{busy})" in server.log()
-        replacement = _wait_replacement(server, original)
+        replacement = run.wait_replacement()
         assert busy not in server.workers()
         assert proc_status(replacement)["Cpus_allowed_list"] == cores
         reply = requests.post(server.url + INFER, json=infer_body(10), timeout=10)
@@ -94,14 +113,8 @@ def test_inference_past_timeout_replaces_the_worker_on_the_same_cores(tmp_path: 
 
 
 def test_kill_9_mid_request_fails_only_that_request(tmp_path: Path, slow_model: Path) -> None:
-    settings = server_settings(slow_model) | {"ONNXPOOL_SERVER__WORKERS": "2"}
-    with running_server(tmp_path, settings, workers=2) as server:
-        original = set(server.workers())
-        slow = SlowRequest(server.url)
-        slow.start()
-        busy = _busy_worker(server)
-        cores = proc_status(busy)["Cpus_allowed_list"]
-
+    with slow_in_flight(tmp_path, slow_model) as run:
+        server, slow, busy, cores = run.server, run.slow, run.busy, run.cores
         statuses: list[int | str] = []
         stop = threading.Event()
 
@@ -118,7 +131,7 @@ def test_kill_9_mid_request_fails_only_that_request(tmp_path: Path, slow_model: 
         time.sleep(0.5)
         os.kill(busy, signal.SIGKILL)
         slow.join(15)
-        replacement = _wait_replacement(server, original)
+        replacement = run.wait_replacement()
         time.sleep(0.5)  # the replacement serves some of the traffic too
         stop.set()
         for thread in clients:
