@@ -3,14 +3,24 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The package's files. onnxpool is installed in setuptools' strict editable mode (a link tree
+# of the mapped folders, which mypy and import-linter can follow); a module or data file added
+# or removed needs a reinstall, so the list of files is part of what the install depends on.
+PACKAGE_DIRS := service config server workers bench models
+PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install run test lint typecheck layers unit bench clean FORCE
 
-$(STAMP): setup.cfg setup.py pyproject.toml
+$(PACKAGE_FILES): FORCE
+	@mkdir -p $(VENV)
+	@find $(PACKAGE_DIRS) -type f ! -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+$(STAMP): setup.cfg setup.py pyproject.toml $(PACKAGE_FILES)
 	$(PYTHON) -c 'import sys; sys.exit("onnxpool needs Python 3.11+") if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	touch $@
 
 install: $(STAMP)
@@ -25,14 +35,17 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+layers: install
+	$(BIN)/lint-imports
+
 unit: install
 	$(BIN)/pytest -q
 
-test: lint typecheck unit
+test: lint typecheck layers unit
 
 bench: install
-	$(BIN)/python -m pip install --quiet -e '.[bench,baseline]'
-	$(BIN)/python -m bench.compare
+	$(BIN)/python -m pip install --quiet -e '.[bench,baseline]' --config-settings editable_mode=strict
+	$(BIN)/python -m benchmarks.compare
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache *.egg-info

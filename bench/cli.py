@@ -1,4 +1,4 @@
-"""Arguments and entry points of `onnxpool bench|limit|tune` (registered by `server.cli`).
+"""Arguments and entry points of `onnxpool bench|limit|tune` (registered by `onnxpool.cli`).
 
 Each `*_command(args)` validates its arguments into an options object, runs the
 measurement from its own module, prints a table, and returns an exit code.
@@ -11,11 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.paths import CAT_JPEG
+from onnxpool.bench.paths import CAT_JPEG
 
 
 def _seconds(text: str) -> float:
-    from bench.httpbench import parse_seconds
+    from onnxpool.bench.httpbench import parse_seconds
 
     try:
         return parse_seconds(text)
@@ -24,7 +24,7 @@ def _seconds(text: str) -> float:
 
 
 def _steps(text: str) -> tuple[int, ...]:
-    from bench.httpbench import parse_steps, unique_steps
+    from onnxpool.bench.httpbench import parse_steps, unique_steps
 
     try:
         return unique_steps(parse_steps(text))
@@ -80,17 +80,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def _model_name(explicit: str | None, config: str | None) -> str:
     if explicit:
         return explicit
-    from config.loader import load_settings
+    from onnxpool.config.loader import load_settings
 
     return load_settings(config).settings.model.name
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from bench.httpbench import BenchOptions, client_cpu_note, run_bench
-    from bench.plot import PlotUnavailable, plot_series
-    from bench.progress import Progress
-    from bench.report import format_table, step_rows, write_output
-    from config.loader import ConfigError
+    from onnxpool.bench.httpbench import BenchOptions, client_cpu_note, run_bench
+    from onnxpool.bench.plot import PlotUnavailable, plot_series
+    from onnxpool.bench.progress import Progress
+    from onnxpool.bench.report import format_table, step_rows, write_output
+    from onnxpool.config.loader import ConfigError
 
     image = args.image
     if args.mode == "predict":
@@ -148,10 +148,10 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def limit_command(args: argparse.Namespace) -> int:
-    from bench.limit import LimitPlan, image_pipeline_available, measure_limit
-    from bench.report import format_table
-    from config.loader import ConfigError, load_settings
-    from workers.cores import plan_layout, usable_cores
+    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_limit
+    from onnxpool.bench.report import format_table
+    from onnxpool.config.loader import ConfigError, load_settings
+    from onnxpool.workers.cores import plan_layout, usable_cores
 
     try:
         settings = load_settings(args.config).settings
@@ -214,9 +214,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from bench.progress import Progress
-    from bench.tune import TuneOptions, format_ranking, run_tune, write_winner
-    from config.loader import ConfigError
+    from onnxpool.bench.progress import Progress
+    from onnxpool.bench.tune import TuneOptions, format_ranking, run_tune, write_winner
+    from onnxpool.config.loader import ConfigError
 
     if args.write is not None and not args.write.is_file():
         return _fail(f"--write {args.write}: no such file (tune updates an existing config)")

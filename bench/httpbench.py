@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import LoadGenerator, StepPlan, StepResult, total_cpu_seconds
-from bench.payloads import Mode, PreparedRequest, prepare
-from bench.progress import Progress
+from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult, total_cpu_seconds
+from onnxpool.bench.payloads import Mode, PreparedRequest, prepare
+from onnxpool.bench.progress import Progress
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from config.settings import LimitsSettings, PreprocessSettings
-from workers.cores import Layout
+from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.workers.cores import Layout
 
 Pipeline = Literal["raw", "image"]
 PIPELINES: tuple[Pipeline, ...] = ("raw", "image")
@@ -88,8 +88,8 @@ class LimitResult:
 
 
 def _feeds(session: Any, batch: int) -> dict[str, np.ndarray]:
-    from workers.model_info import static_shape
-    from workers.session import model_info_of
+    from onnxpool.workers.model_info import static_shape
+    from onnxpool.workers.session import model_info_of
 
     rng = np.random.default_rng(0)
     feeds = {}
@@ -106,7 +106,7 @@ def _limit_worker(plan: LimitPlan, slot: int, window: Any, go: Any, results: Any
     """One pinned process: build the session HERE (after start), warm up, then run until the window ends."""
     cores = plan.layout.core_share_for(slot)
     os.sched_setaffinity(0, cores)
-    from workers.session import build_session, warm_up  # onnxruntime is imported after pinning
+    from onnxpool.workers.session import build_session, warm_up  # onnxruntime is imported after pinning
 
     session = build_session(plan.model_path, plan.layout.threads, plan.spin, plan.optimization)
     warm_up(session, 3)
@@ -132,7 +132,7 @@ def _runner(plan: LimitPlan, session: Any, feeds: dict[str, np.ndarray]) -> Any:
     """A no-argument callable doing one unit of work: inference, or decode+preprocess+inference."""
     if plan.pipeline == "raw":
         return lambda: session.run(None, feeds)
-    from server.imaging import ImagePipeline  # type: ignore[import-not-found, unused-ignore]
+    from onnxpool.server.imaging import ImagePipeline  # type: ignore[import-not-found, unused-ignore]
 
     if plan.image is None:
         raise ValueError("the image pipeline needs an image")

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.payloads import PreparedRequest
-from bench.rawhttp import RawConnection, wire_bytes
+from onnxpool.bench.payloads import PreparedRequest
+from onnxpool.bench.rawhttp import RawConnection, wire_bytes
 
 # Exceptions after which a reused keep-alive connection is retried once on a
 # fresh one: the server may close an idle connection between two requests.

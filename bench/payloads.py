@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import requests
 
-from server.datatypes import V2_TO_NUMPY
+from onnxpool.server.datatypes import V2_TO_NUMPY
 
 Mode = Literal["v2-binary", "v2-json", "predict"]
 MODES: tuple[Mode, ...] = ("v2-binary", "v2-json", "predict")

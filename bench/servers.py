@@ -20,9 +20,9 @@ from pathlib import Path
 
 import requests
 
-from bench.paths import CAT_JPEG, DATA, DEMO_MODEL, GUNICORN_CONF, MODEL_NAME, REPO
+from onnxpool.bench.paths import CAT_JPEG, DATA, DEMO_MODEL, GUNICORN_CONF, MODEL_NAME
 
-__all__ = ["CAT_JPEG", "DATA", "DEMO_MODEL", "MODEL_NAME", "REPO"]
+__all__ = ["CAT_JPEG", "DATA", "DEMO_MODEL", "MODEL_NAME"]
 
 
 def free_port() -> int:
@@ -144,12 +144,17 @@ class Server:
         return self.process.returncode
 
 
-def spawn_logged(argv: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Start `argv` from the repo root in its own session (process group), stdout+stderr to `log_path`."""
+def spawn_logged(
+    argv: list[str], log_path: Path, env: Mapping[str, str], cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (process group), stdout+stderr to `log_path`.
+
+    It runs in `cwd`, by default the log's folder: an installed onnxpool needs no checkout to run from.
+    """
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=cwd or log_path.parent,
             env=dict(env),
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -170,7 +175,7 @@ def start_server(
     timeout: float = 60.0,
     cpus: str | None = None,
 ) -> Server:
-    """Start `python -m gunicorn -c gunicorn.conf.py` on a free port, as its own process group.
+    """Start `python -m gunicorn -c <onnxpool's gunicorn_conf.py>` on a free port, as its own process group.
 
     `settings` are ONNXPOOL_* environment overrides, e.g. {"ONNXPOOL_SERVER__WORKERS": "2"};
     `cpus` starts it under `taskset -c CPUS`, like an operator limiting its cores.
@@ -226,6 +231,7 @@ def start_command(
     env: Mapping[str, str] | None = None,
     name: str = "server",
     timeout: float = 60.0,
+    cwd: Path | None = None,
 ) -> Server:
     """Start any HTTP server command (e.g. the uvicorn baseline) in its own process group.
 
@@ -233,7 +239,7 @@ def start_command(
     Stop it with `Server.stop()` (its process group only).
     """
     log_path = log_dir / f"{name}-{port}.log"
-    process = spawn_logged(argv, log_path, clean_env(env))
+    process = spawn_logged(argv, log_path, clean_env(env), cwd)
     server = Server(process=process, port=port, log_path=log_path, bind=f"127.0.0.1:{port}")
     try:
         wait_http_ok(server.url + ready_path, process, log_path, timeout)

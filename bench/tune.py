@@ -19,16 +19,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.httpbench import BenchOptions, run_bench
-from bench.limit import LimitPlan, LimitResult, measure_limit
-from bench.loadgen import StepResult
-from bench.progress import Progress, bar
-from bench.report import format_table
-from bench.servers import start_server
-from bench.tomledit import set_server_layout
-from config.loader import load_settings
-from config.settings import Settings
-from workers.cores import Layout, plan_layout, usable_cores
+from onnxpool.bench.httpbench import BenchOptions, run_bench
+from onnxpool.bench.limit import LimitPlan, LimitResult, measure_limit
+from onnxpool.bench.loadgen import StepResult
+from onnxpool.bench.progress import Progress, bar
+from onnxpool.bench.report import format_table
+from onnxpool.bench.servers import start_server
+from onnxpool.bench.tomledit import set_server_layout
+from onnxpool.config.loader import load_settings
+from onnxpool.config.settings import Settings
+from onnxpool.workers.cores import Layout, plan_layout, usable_cores
 
 # Rough fixed costs, used only to size durations within the budget.
 INPROCESS_OVERHEAD_S = 3.0  # spawn + import onnxruntime + session build + warm-up

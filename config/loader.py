@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from config.settings import Settings
+from onnxpool.config.settings import Settings
 
 ENV_PREFIX = "ONNXPOOL_"
 ENV_CONFIG_FILE = "ONNXPOOL_CONFIG"

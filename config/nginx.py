@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
-from config.settings import Settings
+from onnxpool.config.settings import Settings
 
 NGINX_DIR = Path(__file__).resolve().parent / "nginx"
 TEMPLATE_FILE = NGINX_DIR / "onnxpool.conf.template"

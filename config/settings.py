@@ -82,6 +82,11 @@ class ServerSettings(Section):
     pidfile: str = ""
     """Write the master's pid here ("" = no pidfile)."""
 
+    run_dir: str = ""
+    """Folder for everything the server writes while it runs (metrics files, validated model copies,
+    worker heartbeats), in a per-run subfolder removed at exit; "" = the system temp dir. One
+    writable folder (a tmpfs) is all a read-only root filesystem needs. Read at start, not on HUP."""
+
     @field_validator("workers", "threads_per_worker")
     @classmethod
     def _positive_or_auto(cls, value: int | str) -> int | str:
@@ -93,6 +98,13 @@ class ServerSettings(Section):
     @classmethod
     def _bind_shape(cls, value: str) -> str:
         return _check_bind(value)
+
+    @field_validator("run_dir")
+    @classmethod
+    def _absolute_run_dir(cls, value: str) -> str:
+        if value and not Path(value).is_absolute():
+            raise ValueError('must be an absolute path, or "" for the system temp dir')
+        return value
 
 
 class PreprocessSettings(Section):

@@ -1,3 +1,4 @@
-"""HTTP side of onnxpool: the Flask app, routes, protocol codecs, errors, CLI."""
+"""The HTTP layer: the Flask app, v2 + image routes, codecs, imaging, metrics, errors.
 
-__version__ = "0.1.0"
+Knows HTTP and codecs, not gunicorn and not processes (docs/ARCHITECTURE.md).
+"""

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 
 from flask import Flask, request
 
-from server.app import context
-from server.errors import BadRequest, Unavailable
-from server.request_start import Headers, queue_seconds
+from onnxpool.server.context import context
+from onnxpool.server.errors import BadRequest, Unavailable
+from onnxpool.server.request_start import Headers, queue_seconds
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1

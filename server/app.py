@@ -7,44 +7,21 @@ so the gunicorn master can preload it safely before forking workers.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from config.settings import Settings
-from server import jsonfast
-from server.backend import InferenceBackend
-from server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
+from onnxpool.config.settings import Settings
+from onnxpool.server import admission, auth, instrument, openapi
+from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.context import ServerContext, check_body_size, error_response
+from onnxpool.server.errors import OnnxpoolError
+from onnxpool.server.imaging import ImagePipeline
+from onnxpool.server.postprocess import load_labels
+from onnxpool.server.routes_image import blueprint as image_blueprint
+from onnxpool.server.routes_v2 import blueprint as v2_blueprint
 
 log = logging.getLogger("onnxpool.server")
-
-
-@dataclass
-class ServerContext:
-    """Everything routes need, stored on the app (no module globals)."""
-
-    settings: Settings
-    backend: InferenceBackend
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Per-feature state built once per app (e.g. the image pipeline), keyed by feature."""
-
-
-def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """A UTF-8 JSON reply (non-ASCII kept as is) built with orjson."""
-    return Response(jsonfast.dumps(document), status=status, headers=headers, content_type="application/json")
-
-
-def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    """The one error shape: {"error": message}."""
-    return json_response({"error": message}, status, headers)
-
-
-def context() -> ServerContext:
-    """The ServerContext of the app handling the current request."""
-    ctx: ServerContext = current_app.extensions["onnxpool"]
-    return ctx
 
 
 def _handle_onnxpool_error(exc: OnnxpoolError) -> Response:
@@ -69,43 +46,12 @@ def _handle_unexpected(exc: Exception) -> Response:
     return error_response("internal server error", 500)
 
 
-def _check_body_size() -> None:
-    """Refuse an oversized body from its Content-Length, before reading a byte of it."""
-    limit = context().settings.server.max_body_bytes
-    length = request.content_length
-    if length is not None and length > limit:
-        raise PayloadTooLarge(f"request body is {length} bytes; the limit is {limit}")
-
-
-def read_body() -> bytes:
-    """The request body, refused with 413 beyond [server] max_body_bytes, chunked or not.
-
-    For a chunked body werkzeug's stream ends quietly at MAX_CONTENT_LENGTH (a
-    truncated body, no error), so reading through it is not enough on its own.
-    """
-    limit = context().settings.server.max_body_bytes
-    length = request.content_length
-    if length is not None:
-        # Known length (already checked against the limit before the request ran):
-        # one read straight from the server's input stream. gunicorn then recv()s
-        # in large steps; going through werkzeug's stream wrapper reads 64 KiB at a
-        # time, which costs ~0.5 ms per 600 KB tensor body.
-        data: bytes = request.environ["wsgi.input"].read(length)
-        if len(data) != length:
-            raise BadRequest(f"request body ended after {len(data)} of the {length} bytes in Content-Length")
-        return data
-    data = request.get_data(cache=False)
-    if len(data) > limit:
-        raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
-    return data
-
-
 def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
-    """Build the WSGI app for one model served by `backend`."""
-    from server import admission, auth, instrument, openapi
-    from server.routes_image import ImageService
-    from server.routes_image import blueprint as image_blueprint
-    from server.routes_v2 import blueprint as v2_blueprint
+    """Build the WSGI app for one model served by `backend`.
+
+    Reads the labels and API key files (raising ConfigError's subclasses with one
+    line): the master calls this once per generation, before forking.
+    """
 
     app = Flask("onnxpool")
     # Werkzeug stops reading a body without Content-Length (chunked) here; one byte
@@ -113,11 +59,16 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
     # Every route's inference goes through the wrapper: infer timing + batch-size metric.
     timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
-    ctx = ServerContext(settings=settings, backend=timed)
-    ctx.extras["image"] = ImageService.from_settings(settings)
+    labels = settings.model.labels
+    ctx = ServerContext(
+        settings=settings,
+        backend=timed,
+        pipeline=ImagePipeline(settings.model.preprocess, settings.limits),
+        labels=load_labels(labels) if labels is not None else None,
+    )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
-    app.before_request(_check_body_size)
+    app.before_request(check_body_size)
     auth.install(app, settings.auth)
     admission.install(app)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)

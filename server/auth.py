@@ -17,9 +17,10 @@ from pathlib import Path
 
 from flask import Flask, current_app, request
 
-from config.settings import AuthSettings
-from server.app import context
-from server.errors import Unauthorized
+from onnxpool.config.loader import ConfigError
+from onnxpool.config.settings import AuthSettings
+from onnxpool.server.context import context
+from onnxpool.server.errors import Unauthorized
 
 OPEN_PREFIXES = ("/v2/health/", "/openapi.json")
 METRICS_PATH = "/metrics"
@@ -27,7 +28,7 @@ CHALLENGE = 'Bearer realm="onnxpool"'
 AUTH_KEY = "onnxpool.auth"
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(ConfigError):
     """The keys file is missing, unreadable or holds no key (one-line message)."""
 
 

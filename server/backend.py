@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from workers.model_info import ModelInfo
+from onnxpool.workers.model_info import ModelInfo
 
 
 class InferenceBackend(Protocol):

@@ -38,8 +38,8 @@ import numpy as np
 import numpy.typing as npt
 from PIL import ExifTags, Image
 
-from config.settings import LimitsSettings, PreprocessSettings
-from server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
 
 # Pillow plugin names tried by Image.open; JPEG's factory also yields MPO.
 PILLOW_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")

@@ -24,10 +24,10 @@ import numpy as np
 from flask import Flask, Response, request
 from werkzeug.wsgi import ClosingIterator
 
-from config.settings import Settings
-from server import metrics, request_id, request_start, timing
-from server.backend import InferenceBackend
-from workers.model_info import ModelInfo
+from onnxpool.config.settings import Settings
+from onnxpool.server import metrics, request_id, request_start, timing
+from onnxpool.server.backend import InferenceBackend
+from onnxpool.workers.model_info import ModelInfo
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -11,11 +11,11 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app
 
-from config.settings import Settings
-from server import __version__
-from server.app import context, json_response
-from server.auth import AUTH_KEY
-from server.datatypes import V2_TO_NUMPY
+from onnxpool import __version__
+from onnxpool.config.settings import Settings
+from onnxpool.server.auth import AUTH_KEY
+from onnxpool.server.context import context, json_response
+from onnxpool.server.datatypes import V2_TO_NUMPY
 
 blueprint = Blueprint("openapi", __name__)
 

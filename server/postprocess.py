@@ -11,13 +11,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from server.errors import BadRequest
+from onnxpool.config.loader import ConfigError
+from onnxpool.server.errors import BadRequest
 
 ScoreMode = Literal["softmax", "sigmoid", "none"]
 Scores = np.ndarray[Any, np.dtype[np.float32]]
 
 
-class LabelsError(ValueError):
+class LabelsError(ConfigError):
     """The labels file cannot be used; the message is one line meant for an operator."""
 
 

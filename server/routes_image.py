@@ -7,44 +7,19 @@ batched inference. Preprocessing is declared in `[model.preprocess]`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from flask import Blueprint, Response, request
 
-from config.settings import Settings
-from server.app import context, json_response, read_body
-from server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from server.formdata import parse_form
-from server.imaging import ImagePipeline
-from server.postprocess import load_labels, scores, top_k
-from server.routes_v2 import check_model, loaded_model
-from server.timing import phase
+from onnxpool.server.context import context, json_response, read_body
+from onnxpool.server.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from onnxpool.server.formdata import parse_form
+from onnxpool.server.postprocess import scores, top_k
+from onnxpool.server.routes_v2 import check_model, loaded_model
+from onnxpool.server.timing import phase
 
 blueprint = Blueprint("image", __name__)
 
 IMAGE_FIELD = "image"
-
-
-@dataclass
-class ImageService:
-    """Per-process image state, built once in the master and inherited by every worker."""
-
-    pipeline: ImagePipeline
-    labels: list[str] | None
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ImageService:
-        labels = settings.model.labels
-        return cls(
-            pipeline=ImagePipeline(settings.model.preprocess, settings.limits),
-            labels=load_labels(labels) if labels is not None else None,
-        )
-
-
-def _service() -> ImageService:
-    service: ImageService = context().extras["image"]
-    return service
 
 
 def _uploads(max_uploads: int) -> tuple[list[bytes], list[str], dict[str, str]]:
@@ -87,17 +62,16 @@ def classify_images(model: str) -> Response:
     info = loaded_model()
     input_name = config.input_name or info.inputs[0].name
     output_name = config.output_name or info.outputs[0].name
-    service = _service()
     with phase("decode"):  # read the uploads, decode and preprocess the images
         images, names, fields = _uploads(ctx.settings.limits.max_images)
         if len(images) > ctx.settings.limits.max_batch:
             raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
-        batch = service.pipeline.preprocess_batch(images, names)
+        batch = ctx.pipeline.preprocess_batch(images, names)
     outputs = ctx.backend.infer({input_name: batch}, [output_name])  # timed as "infer" by the backend
     with phase("encode"):  # scores, top-k labels, JSON
         result = np.asarray(outputs[output_name])
         k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1, fields)
-        predictions = top_k(scores(result, config.postprocess), k, service.labels)
+        predictions = top_k(scores(result, config.postprocess), k, ctx.labels)
         return json_response({"model": config.name, "predictions": predictions})
 
 

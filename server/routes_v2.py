@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from server import __version__, admission
-from server.app import context, json_response, read_body
-from server.datatypes import v2_datatype
-from server.errors import BadRequest, NotFound, Unavailable
-from server.timing import phase
-from server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, encode_infer_response
-from workers.model_info import ModelInfo, TensorSpec
+from onnxpool import __version__
+from onnxpool.server import admission
+from onnxpool.server.context import context, json_response, read_body
+from onnxpool.server.datatypes import v2_datatype
+from onnxpool.server.errors import BadRequest, NotFound, Unavailable
+from onnxpool.server.timing import phase
+from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, encode_infer_response
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 blueprint = Blueprint("v2", __name__)
 

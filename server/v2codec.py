@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from server import jsonfast
-from server.datatypes import ALLOWED_DATATYPES, V2_TO_NUMPY, v2_datatype
-from server.errors import BadRequest, PayloadTooLarge
-from workers.model_info import ModelInfo, TensorSpec
+from onnxpool.server import jsonfast
+from onnxpool.server.datatypes import ALLOWED_DATATYPES, V2_TO_NUMPY, v2_datatype
+from onnxpool.server.errors import BadRequest, PayloadTooLarge
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 BINARY_HEADER = "Inference-Header-Content-Length"
 

@@ -27,9 +27,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.nginx import render_site
-from config.settings import NginxSettings, ServerSettings, Settings
-from tests.harness import REPO, Server, clean_env, free_port, spawn_logged
+from onnxpool.bench.paths import GUNICORN_CONF
+from onnxpool.config.nginx import render_site
+from onnxpool.config.settings import NginxSettings, ServerSettings, Settings
+from tests.harness import Server, clean_env, free_port, spawn_logged
 
 
 def nginx_binary() -> str | None:
@@ -221,7 +222,7 @@ def start_instance(
     env = clean_env({"ONNXPOOL_SERVER__WORKERS": str(workers), **(settings or {})})
     env["ONNXPOOL_SERVER__BIND"] = bind
     env.setdefault("PYTHONUNBUFFERED", "1")
-    argv = [sys.executable, "-m", "gunicorn", "-c", str(REPO / "gunicorn.conf.py")]
+    argv = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)]
     if cores is not None:
         argv = ["taskset", "-c", ",".join(map(str, cores)), *argv]
     if namespace is not None:

@@ -1,16 +1,17 @@
 """Start and stop REAL onnxpool servers (gunicorn) for tests.
 
-The code lives in `bench.servers` (`onnxpool tune` starts servers the same way);
+The code lives in `onnxpool.bench.servers` (`onnxpool tune` starts servers the same way);
 this module keeps the names the tests import.
 """
 
 from __future__ import annotations
 
-from bench.servers import (
+from pathlib import Path
+
+from onnxpool.bench.servers import (
     DATA,
     DEMO_MODEL,
     MODEL_NAME,
-    REPO,
     Server,
     children_of,
     clean_env,
@@ -21,6 +22,9 @@ from bench.servers import (
     spawn_logged,
     start_server,
 )
+
+# The checkout the tests run from (its files: docs, deploy templates, the root gunicorn.conf.py).
+REPO = Path(__file__).resolve().parents[1]
 
 __all__ = [
     "DATA",

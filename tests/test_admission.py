@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import requests
 
-from server.request_start import parse_request_start, queue_seconds
-from server.v2codec import BINARY_HEADER, encode_infer_request
+from onnxpool.server.request_start import parse_request_start, queue_seconds
+from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_request
 from tests.harness import Server
 
 NOW = 1_700_000_000.250

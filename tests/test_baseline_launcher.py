@@ -9,7 +9,7 @@ import pytest
 
 uvicorn_config = pytest.importorskip("uvicorn.config")
 
-from bench.baselines.uvicorn_nodelay import bind_socket_with_tcp_protocol  # noqa: E402
+from benchmarks.baselines.uvicorn_nodelay import bind_socket_with_tcp_protocol  # noqa: E402
 
 
 async def _nodelay_of_accepted(listener: socket.socket) -> int:
@@ -34,7 +34,7 @@ async def _nodelay_of_accepted(listener: socket.socket) -> int:
 
 
 def test_launcher_socket_reports_tcp_and_accepted_connections_get_nodelay() -> None:
-    config = uvicorn_config.Config("bench.baselines.fastapi_app:app", host="127.0.0.1", port=0)
+    config = uvicorn_config.Config("benchmarks.baselines.fastapi_app:app", host="127.0.0.1", port=0)
     listener = bind_socket_with_tcp_protocol(config)
     assert listener.family == socket.AF_INET
     assert listener.proto == socket.IPPROTO_TCP
@@ -43,7 +43,7 @@ def test_launcher_socket_reports_tcp_and_accepted_connections_get_nodelay() -> N
 
 def test_launcher_leaves_unix_sockets_alone(tmp_path: object) -> None:
     path = f"{tmp_path}/baseline.sock"
-    config = uvicorn_config.Config("bench.baselines.fastapi_app:app", uds=path)
+    config = uvicorn_config.Config("benchmarks.baselines.fastapi_app:app", uds=path)
     listener = bind_socket_with_tcp_protocol(config)
     try:
         assert listener.family == socket.AF_UNIX

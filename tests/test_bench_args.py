@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.httpbench import parse_seconds, parse_steps, unique_steps
-from server.cli import build_parser, main
+from onnxpool.bench.httpbench import parse_seconds, parse_steps, unique_steps
+from onnxpool.cli import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_bench_missing_image_is_one_line_error(tmp_path, capsys: pytest.CaptureF
 
 
 def test_bench_unreachable_server_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.servers import free_port
+    from onnxpool.bench.servers import free_port
 
     code = main(["bench", f"http://127.0.0.1:{free_port()}", "--duration", "1s", "--quiet"])
     assert code == 2

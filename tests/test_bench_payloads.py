@@ -7,10 +7,10 @@ import io
 import numpy as np
 from werkzeug.formparser import parse_form_data
 
-from bench.paths import CAT_JPEG
-from bench.payloads import InputSpec, concrete_shape, predict_request, v2_binary_request, v2_json_request
-from server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request
-from workers.model_info import ModelInfo, TensorSpec
+from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.bench.payloads import InputSpec, concrete_shape, predict_request, v2_binary_request, v2_json_request
+from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 MODEL = ModelInfo(
     inputs=(TensorSpec("input", "tensor(float)", (-1, 3, 224, 224)),),

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.limit import LimitPlan, measure_limit
-from bench.paths import DEMO_MODEL, REPO
-from bench.servers import Server
-from server.cli import main
-from workers.cores import plan_layout, usable_cores
+from onnxpool.bench.limit import LimitPlan, measure_limit
+from onnxpool.bench.paths import DEMO_MODEL
+from onnxpool.bench.servers import Server
+from onnxpool.cli import main
+from onnxpool.workers.cores import plan_layout, usable_cores
+from tests.harness import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +48,8 @@ def test_bench_json_mode_by_request_count(server: Server, tmp_path: Path, capsys
 
 def test_bench_counts_http_errors(server: Server, capsys) -> None:
     """A model name the server does not serve: every request is a 404, counted, exit code 1."""
-    from bench.httpbench import BenchOptions, run_bench
-    from bench.payloads import PreparedRequest
+    from onnxpool.bench.httpbench import BenchOptions, run_bench
+    from onnxpool.bench.payloads import PreparedRequest
 
     request = PreparedRequest("POST", "/v2/models/nope/infer", b"{}", {"Content-Type": "application/json"})
     options = BenchOptions(url=server.url, mode="v2-json", concurrency=(2,), warmup=0.1, duration=0.5)

@@ -19,17 +19,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from server.datatypes import V2_TO_NUMPY
-from server.errors import OnnxpoolError
-from server.jsonfast import check_depth
-from server.v2codec import (
+from onnxpool.server.datatypes import V2_TO_NUMPY
+from onnxpool.server.errors import OnnxpoolError
+from onnxpool.server.jsonfast import check_depth
+from onnxpool.server.v2codec import (
     RequestLimits,
     decode_infer_request,
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
 )
-from workers.model_info import ONNX_TO_NUMPY, ModelInfo, TensorSpec
+from onnxpool.workers.model_info import ONNX_TO_NUMPY, ModelInfo, TensorSpec
 
 NUMPY_TO_ONNX = {dtype: onnx for onnx, dtype in ONNX_TO_NUMPY.items()}
 LIMITS = RequestLimits(max_batch=1000, max_elements=10_000, max_json_depth=16)

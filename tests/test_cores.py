@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.cores import cgroup_cpu_limit, plan_layout, usable_cores
-from workers.slots import SlotTable
+from onnxpool.workers.cores import SlotTable, cgroup_cpu_limit, plan_layout, usable_cores
 
 
 def cgroup_v2(tmp_path: Path, limits: dict[str, str], member: str = "/kubepods/pod1/ctr") -> tuple[Path, Path]:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import requests
 
-from config.settings import ServerSettings
+from onnxpool.config.settings import ServerSettings
 from tests.deploy_harness import Host, Instance, Nginx, host_addresses, nginx_binary, start_instance, start_nginx
 from tests.harness import MODEL_NAME, REPO, free_port
 from tests.tiny_models import build_tiny_model

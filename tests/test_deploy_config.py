@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import ConfigError, load_settings
-from config.nginx import RENDERED_DEFAULT, render_site
-from config.settings import NginxSettings, ServerSettings, Settings
-from server.cli import main
+from onnxpool.cli import main
+from onnxpool.config.loader import ConfigError, load_settings
+from onnxpool.config.nginx import RENDERED_DEFAULT, render_site
+from onnxpool.config.settings import NginxSettings, ServerSettings, Settings
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, clean_env
 

@@ -1,6 +1,6 @@
 """server.imaging: real photos in every format and mode, hostile files, and the tensor math.
 
-Variants of the two CC0 photos in tests/data are built in memory; hostile
+Variants of the two CC0 photos in service/samples are built in memory; hostile
 files (bombs, truncations, other formats) are built byte by byte.
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from config.settings import LimitsSettings, PreprocessSettings
-from server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from server.imaging import ImagePipeline, orient, resized_size, sniff_format
+from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from onnxpool.server.imaging import ImagePipeline, orient, resized_size, sniff_format
+from tests.harness import DATA
 
-DATA = Path(__file__).resolve().parent / "data"
 CAT = (DATA / "chelsea-cat.jpg").read_bytes()  # 451x300
 COFFEE = (DATA / "coffee.jpg").read_bytes()  # 600x400
 IMAGENET: dict[str, Any] = {"mean": (123.675, 116.28, 103.53), "std": (58.395, 57.12, 57.375)}

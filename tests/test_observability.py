@@ -12,14 +12,15 @@ import pytest
 import requests
 from flask import Flask
 
-from bench.payloads import InputSpec, v2_binary_request
-from config.loader import load_settings
-from server import request_id, timing
-from server.app import create_app
-from server.request_start import HEADER, queue_seconds
+from onnxpool.bench.payloads import InputSpec, v2_binary_request
+from onnxpool.config.loader import load_settings
+from onnxpool.logs import JsonFormatter, TextFormatter, logconfig_dict
+from onnxpool.server import request_id, timing
+from onnxpool.server.app import create_app
+from onnxpool.server.request_id import RequestIdLogFilter
+from onnxpool.server.request_start import HEADER, queue_seconds
+from onnxpool.workers.session import SessionRuntime
 from tests.harness import DEMO_MODEL, MODEL_NAME, Server, running_server
-from workers.logs import JsonFormatter, TextFormatter, logconfig_dict
-from workers.session import SessionRuntime
 
 INFER_URL = f"/v2/models/{MODEL_NAME}/infer"
 DEMO_INPUTS = [InputSpec("input", "FP32", (-1, 3, 224, 224))]
@@ -173,7 +174,7 @@ def test_logconfig_installs_the_request_id_filter_on_the_handler() -> None:
     for fmt in ("text", "json"):
         config = logconfig_dict(load_settings(overrides={"logging.format": fmt}).settings.logging)
         assert config["handlers"]["stderr"]["filters"] == ["request_id"]
-        assert config["filters"]["request_id"]["()"] == "server.request_id.RequestIdLogFilter"
+        assert config["filters"]["request_id"]["()"] is RequestIdLogFilter
 
 
 # --- real gunicorn --------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ import pytest
 import requests
 from openapi_spec_validator import validate
 
-from config.loader import load_settings
-from server.app import create_app
-from server.openapi import openapi_document
+from onnxpool.config.loader import load_settings
+from onnxpool.server.app import create_app
+from onnxpool.server.openapi import openapi_document
+from onnxpool.workers.session import SessionRuntime
 from tests.harness import Server
-from workers.session import SessionRuntime
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 

@@ -300,7 +300,7 @@ def test_onnxpool_serve_command(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+            [sys.executable, "-m", "onnxpool.cli", "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
             cwd=REPO,
             env=clean_env(),
             stdout=log_file,

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.errors import BadRequest
-from server.postprocess import LabelsError, load_labels, scores, top_k
+from onnxpool.server.errors import BadRequest
+from onnxpool.server.postprocess import LabelsError, load_labels, scores, top_k
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / "models" / "efficientnet-lite0"
-DATA = REPO / "tests" / "data"
+DATA = REPO / "service" / "samples"
 
 # -- labels ----------------------------------------------------------------------
 
@@ -145,8 +145,8 @@ def test_top_k_below_one_is_a_bad_request() -> None:
 
 def test_demo_model_labels_the_cat_and_the_espresso() -> None:
     ort = pytest.importorskip("onnxruntime")
-    from config.settings import LimitsSettings, PreprocessSettings
-    from server.imaging import ImagePipeline
+    from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+    from onnxpool.server.imaging import ImagePipeline
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

@@ -85,12 +85,12 @@ def test_keys_never_reach_the_log(guarded: Server) -> None:
 def test_config_command_masks_keys() -> None:
     env = clean_env({"ONNXPOOL_AUTH__API_KEYS": f'["{ENV_KEY}"]'})
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "onnxpool.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True, check=True
     )
     assert "auth.api_keys" in done.stdout and ENV_KEY not in done.stdout
     env["ONNXPOOL_AUTH__API_KEYS"] = '["too short"]'
     bad = subprocess.run(
-        [sys.executable, "-m", "server.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "onnxpool.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True
     )
     assert bad.returncode == 1 and "auth.api_keys" in bad.stderr and "too short" not in bad.stderr
 

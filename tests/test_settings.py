@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import DEFAULT_CONFIG_FILE, ConfigError, load_settings
+from onnxpool.config.loader import DEFAULT_CONFIG_FILE, ConfigError, load_settings
 from tests.harness import REPO, clean_env
 
 
@@ -89,7 +89,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
 def test_onnxpool_config_prints_values_and_sources(tmp_path: Path) -> None:
     path = write(tmp_path, "[server]\ntimeout = 45\n")
     env = clean_env({"ONNXPOOL_SERVER__WORKERS": "2"})
-    cli = [sys.executable, "-m", "server.cli", "config", "--config", str(path)]
+    cli = [sys.executable, "-m", "onnxpool.cli", "config", "--config", str(path)]
     out = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, check=True).stdout
     lines = {line.split("=")[0].strip(): line for line in out.splitlines() if "=" in line}
     assert "45" in lines["server.timeout"] and "# file" in lines["server.timeout"]
@@ -100,7 +100,7 @@ def test_onnxpool_config_prints_values_and_sources(tmp_path: Path) -> None:
 def test_onnxpool_config_fails_with_one_line(tmp_path: Path) -> None:
     env = clean_env({"ONNXPOOL_SERVER__WORKERS": "-1"})
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "onnxpool.cli", "config"], env=env, cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "server.workers = -1" in done.stderr

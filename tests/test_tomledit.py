@@ -6,9 +6,9 @@ import tomllib
 
 import pytest
 
-from bench.paths import REPO
-from bench.tomledit import NOTE_PREFIX, set_server_layout
-from config.settings import Settings
+from onnxpool.bench.tomledit import NOTE_PREFIX, set_server_layout
+from onnxpool.config.settings import Settings
+from tests.harness import REPO
 
 SAMPLE = """\
 # top comment

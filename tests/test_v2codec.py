@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
-from server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
-from server.v2codec import RequestLimits, decode_infer_request, encode_infer_response
-from workers.model_info import ModelInfo, TensorSpec
+from onnxpool.server.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
+from onnxpool.server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
+from onnxpool.server.v2codec import RequestLimits, decode_infer_request, encode_infer_response
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 LIMITS = RequestLimits(max_batch=8, max_elements=10_000)
 ONNX_TYPES = {

@@ -1,6 +1,6 @@
 """A small Open Inference Protocol v2 binary-tensor client, and a bounded load loop.
 
-Used by the deployment tests (through nginx) and bench/nginx_overhead.py. Every
+Used by the deployment tests (through nginx) and benchmarks/nginx_overhead.py. Every
 reply is checked end to end: status 200, the body as long as Content-Length
 says, the binary output exactly as large as its JSON header declares; a reply
 that fails any check is counted, never silently accepted.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workers.model_info import ModelInfo, TensorSpec, static_shape
+from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
 
 if TYPE_CHECKING:
     import onnxruntime as ort

@@ -1,6 +1,6 @@
 """BASELINE launcher: the `uvicorn` command with one upstream bug worked around.
 
-    python -m bench.baselines.uvicorn_nodelay bench.baselines.fastapi_app:app --workers 2 --port 8001
+    python -m benchmarks.baselines.uvicorn_nodelay benchmarks.baselines.fastapi_app:app --workers 2 --port 8001
 
 takes exactly uvicorn's command-line arguments. Why it exists: with
 `--workers N` uvicorn binds the listening socket itself and leaves its
@@ -11,7 +11,7 @@ client's delayed ACK, about 40 ms on Linux, on every keep-alive request after
 the first. On the demo model that turns ~12 ms per request into ~52 ms at one
 connection. onnxpool's comparison is about the architecture (oversubscribed
 default thread pools, inference on the event loop), not about that bug, so
-`bench/compare.py` measures the baseline through this launcher; `--baseline
+`benchmarks/compare.py` measures the baseline through this launcher; `--baseline
 stock` measures plain `uvicorn` for reference.
 """
 

@@ -1,14 +1,14 @@
 """What one request costs outside inference: gunicorn's floor vs onnxpool with a 1 ms model.
 
 Starts, one after the other (never side by side), 2 sync workers each of
-  1. a bare WSGI app that only reads the body and replies (bench/baselines/floor_wsgi.py),
+  1. a bare WSGI app that only reads the body and replies (benchmarks/baselines/floor_wsgi.py),
   2. onnxpool serving a tiny model (about 0.1 ms of inference),
 and drives both with the same v2 binary request (1x3x224x224 FP32, 602 KB) at
 concurrency 4. ms per request per worker = workers / (requests/s): the gap
 between them is onnxpool's own overhead (Flask, validation, metrics); the floor
 is what any gunicorn sync server pays here.
 
-    .venv/bin/python -m bench.floor --duration 10
+    .venv/bin/python -m benchmarks.floor --duration 10
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.loadgen import LoadGenerator, StepPlan
-from bench.payloads import PreparedRequest
-from bench.servers import Server, free_port, start_command, start_server
+from benchmarks import REPO
+from onnxpool.bench.loadgen import LoadGenerator, StepPlan
+from onnxpool.bench.payloads import PreparedRequest
+from onnxpool.bench.servers import Server, free_port, start_command, start_server
 
 
 def _request() -> PreparedRequest:
-    from server.v2codec import BINARY_HEADER
+    from onnxpool.server.v2codec import BINARY_HEADER
 
     x = np.zeros((1, 3, 224, 224), dtype=np.float32)
     header = (
@@ -42,10 +43,10 @@ def _request() -> PreparedRequest:
 
 
 def start_floor_app(folder: Path, workers: int) -> Server:
-    """The bare WSGI app (bench/baselines/floor_wsgi.py) under `workers` gunicorn sync workers, on loopback."""
+    """The bare WSGI app (benchmarks/baselines/floor_wsgi.py) under `workers` gunicorn sync workers, on loopback."""
     port = free_port()
     argv = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}", "--no-control-socket"]
-    return start_command([*argv, "bench.baselines.floor_wsgi:app"], folder, port, "/", name="floor")
+    return start_command([*argv, "benchmarks.baselines.floor_wsgi:app"], folder, port, "/", name="floor", cwd=REPO)
 
 
 def _measure(url: str, duration: float) -> tuple[float, float]:

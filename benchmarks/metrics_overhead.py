@@ -1,7 +1,7 @@
 """Throughput with Prometheus metrics on vs off: real gunicorn servers, v2 binary infer, concurrency 4.
 
 Usage (from the repo root):
-    .venv/bin/python bench/metrics_overhead.py [--duration 20] [--concurrency 4] [--rounds 2] [--plot out/m.png]
+    .venv/bin/python -m benchmarks.metrics_overhead [--duration 20] [--concurrency 4] [--rounds 2] [--plot out/m.png]
 
 Each run starts a fresh server ([metrics] enabled = true or false, everything
 else default, demo model), drives it with `bench.loadgen` (`--concurrency`
@@ -14,24 +14,19 @@ gives each mode's total, and the ratio on/off (the target: overhead < 3%).
 
 from __future__ import annotations
 
+import argparse
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # run as a script from anywhere, without installing
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import requests  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from bench.loadgen import LoadGenerator, StepPlan, StepResult  # noqa: E402
-from bench.payloads import prepare  # noqa: E402
-from bench.progress import Progress  # noqa: E402
-from bench.servers import MODEL_NAME, Server, start_server  # noqa: E402
+from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult
+from onnxpool.bench.payloads import prepare
+from onnxpool.bench.progress import Progress
+from onnxpool.bench.servers import MODEL_NAME, Server, start_server
 
 
 @dataclass

@@ -15,13 +15,12 @@ from typing import Any
 
 import orjson
 
-from config.settings import LoggingSettings
+from onnxpool.config.settings import LoggingSettings
+from onnxpool.server.request_id import RequestIdLogFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 ACCESS_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s'
 ACCESS_LOGGER = "gunicorn.access"
-# Where the request id filter lives (by name: dictConfig imports it; no import arrow to server/).
-REQUEST_ID_FILTER = "server.request_id.RequestIdLogFilter"
 
 
 class TextFormatter(logging.Formatter):
@@ -93,7 +92,7 @@ def logconfig_dict(settings: LoggingSettings) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": REQUEST_ID_FILTER}},
+        "filters": {"request_id": {"()": RequestIdLogFilter}},
         "formatters": {"onnxpool": formatter},
         "handlers": {"stderr": handler},
         "root": {"level": level, "handlers": ["stderr"]},

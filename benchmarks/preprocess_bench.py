@@ -1,6 +1,6 @@
 """How long one image takes from upload bytes to model input: plain Pillow+numpy vs ImagePipeline.
 
-Usage (from the repo root):  .venv/bin/python bench/preprocess_bench.py [--runs 200] [--plot out/pre.png]
+Usage (from the repo root):  .venv/bin/python -m benchmarks.preprocess_bench [--runs 200] [--plot out/pre.png]
 
 Cases: the 451x300 cat photo, and a 1920x1920 JPEG (the cat upscaled in memory,
 quality 90) where the pipeline's reduced-scale JPEG decoding matters. Each
@@ -10,26 +10,22 @@ calls, single-threaded, on whatever cores this process may use.
 
 from __future__ import annotations
 
+import argparse
+import io
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # run as a script from anywhere, without installing
+import numpy as np
+from PIL import Image, ImageDraw
 
-import argparse  # noqa: E402
-import io  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.server.imaging import ImagePipeline, resized_size
 
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
-
-from config.settings import LimitsSettings, PreprocessSettings  # noqa: E402
-from server.imaging import ImagePipeline, resized_size  # noqa: E402
-
-CAT = REPO / "tests" / "data" / "chelsea-cat.jpg"
+CAT = CAT_JPEG
 
 
 def baseline(spec: PreprocessSettings) -> Callable[[bytes], np.ndarray[Any, Any]]:

@@ -4,11 +4,11 @@ FastAPI + `uvicorn --workers N`, one global onnxruntime session per worker
 process created at import with DEFAULT options (onnxruntime sizes its thread
 pool from the machine's core count), an `async def` endpoint that reads the
 upload and runs the model inline, Pillow + float numpy preprocessing. It
-exists only so `bench/compare.py` can measure onnxpool against it; it is kept
+exists only so `benchmarks/compare.py` can measure onnxpool against it; it is kept
 deliberately ordinary, with the same preprocessing as config/onnxpool.toml
 (shorter side 256 bilinear, centre crop 224, (pixel - 127) / 128, RGB, NCHW).
 
-Run: uvicorn bench.baselines.fastapi_app:app --workers 2 --host 127.0.0.1 --port 8001
+Run: uvicorn benchmarks.baselines.fastapi_app:app --workers 2 --host 127.0.0.1 --port 8001
 (needs `pip install 'onnxpool[baseline]'`). BASELINE_MODEL / BASELINE_LABELS
 environment variables point it at another model.
 """

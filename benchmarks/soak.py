@@ -1,8 +1,8 @@
 """Soak: drive a server for a while with good and bad requests; report errors, restarts, RSS.
 
-    python bench/soak.py                      # starts its own server (2 workers), 10 minutes
-    python bench/soak.py --duration 20        # smoke run
-    python bench/soak.py --url http://127.0.0.1:8000 --master-pid 1234
+    .venv/bin/python -m benchmarks.soak                      # starts its own server (2 workers), 10 minutes
+    .venv/bin/python -m benchmarks.soak --duration 20        # smoke run
+    .venv/bin/python -m benchmarks.soak --url http://127.0.0.1:8000 --master-pid 1234
 
 The mix: valid infer (JSON and binary), malformed JSON, wrong shapes, an
 oversized body, an unknown model and, when the server has /predict, good and
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -28,11 +27,8 @@ from pathlib import Path
 import numpy as np
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from server.v2codec import BINARY_HEADER, encode_infer_request  # noqa: E402
-from tests.harness import DATA, children_of, proc_status, start_server  # noqa: E402
+from onnxpool.bench.servers import DATA, children_of, proc_status, start_server
+from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_request
 
 MODEL = "efficientnet-lite0"
 Shot = Callable[[requests.Session, str], requests.Response]

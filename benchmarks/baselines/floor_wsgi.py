@@ -3,7 +3,7 @@
 It reads the request body and returns 4 KB (the size of a 1000-class FP32
 reply), doing nothing else: no Flask, no model. Requests/s against it show
 what accept + HTTP parsing + body read + reply + close cost per request on
-this machine; `bench/floor.py` starts it and measures it.
+this machine; `benchmarks/floor.py` starts it and measures it.
 """
 
 from __future__ import annotations

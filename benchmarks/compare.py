@@ -14,15 +14,15 @@ that drift into the ratios.
      (JPEG decode + preprocess + inference), then at each concurrency onnxpool
      and the baseline one right after the other, gunicorn's floor, and a
      1920x1920 JPEG (the cat upscaled) on onnxpool at concurrency 4.
-gunicorn's floor is a bare WSGI app (`bench/baselines/floor_wsgi.py`) under the
+gunicorn's floor is a bare WSGI app (`benchmarks/baselines/floor_wsgi.py`) under the
 same number of sync workers, sent the same request at concurrency 4. It does
 no work, so what it costs per request is what ANY gunicorn sync server pays
 here; with the limits it gives the best ratio a server on this stack could
-reach. The baseline is `bench/baselines/fastapi_app.py` under `uvicorn --workers
-N` (N = usable cores), started through `bench/baselines/uvicorn_nodelay.py`
+reach. The baseline is `benchmarks/baselines/fastapi_app.py` under `uvicorn --workers
+N` (N = usable cores), started through `benchmarks/baselines/uvicorn_nodelay.py`
 (see there). Writes a markdown table (ratios included) and a PNG plot.
 
-    python -m bench.compare --duration 20s --markdown docs/benchmarks-latest.md --plot docs/benchmarks.png
+    python -m benchmarks.compare --duration 20s --markdown docs/benchmarks-latest.md --plot docs/benchmarks.png
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.floor import start_floor_app
-from bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
-from bench.limit import LimitPlan, measure_limit
-from bench.loadgen import StepResult
-from bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
-from bench.payloads import PreparedRequest, infer_path, predict_request, prepare
-from bench.progress import Progress
-from bench.servers import Server, free_port, start_command, start_server
-from workers.cores import plan_layout, usable_cores
+from benchmarks import REPO
+from benchmarks.floor import start_floor_app
+from onnxpool.bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
+from onnxpool.bench.limit import LimitPlan, measure_limit
+from onnxpool.bench.loadgen import StepResult
+from onnxpool.bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
+from onnxpool.bench.payloads import PreparedRequest, infer_path, predict_request, prepare
+from onnxpool.bench.progress import Progress
+from onnxpool.bench.servers import Server, free_port, start_command, start_server
+from onnxpool.workers.cores import plan_layout, usable_cores
 
 
 def _bench(
@@ -67,8 +68,8 @@ def _start_baseline(log_dir: Path, workers: int, stock: bool = False) -> Server:
     argv = [
         sys.executable,
         "-m",
-        "uvicorn" if stock else "bench.baselines.uvicorn_nodelay",
-        "bench.baselines.fastapi_app:app",
+        "uvicorn" if stock else "benchmarks.baselines.uvicorn_nodelay",
+        "benchmarks.baselines.fastapi_app:app",
         "--workers",
         str(workers),
         "--host",
@@ -77,7 +78,7 @@ def _start_baseline(log_dir: Path, workers: int, stock: bool = False) -> Server:
         str(port),
         "--no-access-log",
     ]
-    return start_command(argv, log_dir, port, "/health", name="baseline", timeout=120)
+    return start_command(argv, log_dir, port, "/health", name="baseline", timeout=120, cwd=REPO)
 
 
 BIG_IMAGE_CONCURRENCY = 4
@@ -198,7 +199,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=parse_seconds, default=20.0, help="measured seconds per step (20s)")
     parser.add_argument("--warmup", type=parse_seconds, default=3.0, help="warm-up seconds per step (3s)")
     parser.add_argument("--concurrency", type=parse_steps, default=(1, 2, 4, 8), help="steps (default 1,2,4,8)")
@@ -278,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     if args.plot:
-        from bench.plot import plot_series
+        from onnxpool.bench.plot import plot_series
 
         series = {
             "onnxpool v2 binary": [s.summary() for s in results["onnxpool_binary"]],

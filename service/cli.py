@@ -1,4 +1,7 @@
-"""The `onnxpool` command: serve, config, nginx-config (more subcommands register themselves here)."""
+"""The `onnxpool` command: serve, config, nginx-config, and the measuring tools bench, limit, tune.
+
+The entry point sits above every layer (docs/ARCHITECTURE.md): it may import any of them.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, load_settings
-from config.nginx import render_site, upstream_servers
-from server.auth import mask_key
+from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, load_settings
+from onnxpool.config.nginx import render_site, upstream_servers
+from onnxpool.server.auth import mask_key
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-GUNICORN_CONF = REPO_ROOT / "gunicorn.conf.py"
+# gunicorn's configuration is package data: found through the package, wherever it is installed.
+GUNICORN_CONF = Path(__file__).resolve().with_name("gunicorn_conf.py")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -27,10 +30,9 @@ def _serve(args: argparse.Namespace) -> int:
         env["ONNXPOOL_SERVER__WORKERS"] = str(args.workers)
     if args.threads_per_worker:
         env["ONNXPOOL_SERVER__THREADS_PER_WORKER"] = str(args.threads_per_worker)
-    if not GUNICORN_CONF.is_file():
-        print(f"onnxpool: error: {GUNICORN_CONF} is missing (install onnxpool from its source tree)", file=sys.stderr)
-        return 1
-    argv = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), "--chdir", str(REPO_ROOT)]
+    # A file, not `python:onnxpool.gunicorn_conf`: gunicorn re-executes a config FILE on every HUP
+    # (a module would stay cached), and that re-execution is what re-validates settings and model.
+    argv = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)]
     os.execve(sys.executable, argv, env)
     return 0  # not reached
 
@@ -58,21 +60,21 @@ def _config(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     """Closed-loop HTTP load against a running server (logic in bench.httpbench)."""
-    from bench.cli import bench_command
+    from onnxpool.bench.cli import bench_command
 
     return bench_command(args)
 
 
 def _limit(args: argparse.Namespace) -> int:
     """In-process throughput limit of the model on this machine (logic in bench.limit)."""
-    from bench.cli import limit_command
+    from onnxpool.bench.cli import limit_command
 
     return limit_command(args)
 
 
 def _tune(args: argparse.Namespace) -> int:
     """Pick workers x threads_per_worker by measuring (logic in bench.tune)."""
-    from bench.cli import tune_command
+    from onnxpool.bench.cli import tune_command
 
     return tune_command(args)
 
@@ -119,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--config", help="TOML settings file")
     config.set_defaults(func=_config)
 
-    from bench import cli as bench_cli  # argument declarations only; the measuring code loads on use
+    from onnxpool.bench import cli as bench_cli  # argument declarations only; the measuring code loads on use
 
     bench = commands.add_parser("bench", help="closed-loop load test of a running server, by concurrency")
     bench_cli.add_bench_arguments(bench)

@@ -5,7 +5,7 @@ it with the site `onnxpool nginx-config` renders, then runs the same closed
 loop (N clients, one request in flight each) against each, alternating rounds
 so drifting machine load hits both alike. Prints a table and the ratio.
 
-    .venv/bin/python bench/nginx_overhead.py --seconds 20 --concurrency 4
+    .venv/bin/python -m benchmarks.nginx_overhead --seconds 20 --concurrency 4
 
 Clients, nginx and workers share this machine's cores: with workers = cores,
 nginx's CPU (copying ~600 KB in and the reply out per request) is taken from
@@ -22,9 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.httpbench import BenchOptions, run_bench
+from onnxpool.bench.httpbench import BenchOptions, run_bench
 from tests.deploy_harness import nginx_binary, start_instance, start_nginx
 from tests.harness import MODEL_NAME, free_port
 

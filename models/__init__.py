@@ -1,0 +1,1 @@
+"""Package data: the bundled demo model (installed as `onnxpool.models`)."""

@@ -1,0 +1,77 @@
+"""What every route needs, and the helpers they share: the app's context, JSON replies, the body.
+
+Routes, hooks and checks import this module; `server.app` builds the app from
+them. Keeping these here (not in `server.app`) is what keeps the package free of
+import loops (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import Response, current_app, request
+
+from onnxpool.config.settings import Settings
+from onnxpool.server import jsonfast
+from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.errors import BadRequest, PayloadTooLarge
+from onnxpool.server.imaging import ImagePipeline
+
+
+@dataclass
+class ServerContext:
+    """Everything routes need, stored on the app (no module globals)."""
+
+    settings: Settings
+    backend: InferenceBackend
+    pipeline: ImagePipeline
+    """Decodes and preprocesses uploaded images ([model.preprocess], [limits])."""
+    labels: list[str] | None
+    """Class names in output-index order ([model] labels), read when the app is built."""
+
+
+def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A UTF-8 JSON reply (non-ASCII kept as is) built with orjson."""
+    return Response(jsonfast.dumps(document), status=status, headers=headers, content_type="application/json")
+
+
+def error_response(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    """The one error shape: {"error": message}."""
+    return json_response({"error": message}, status, headers)
+
+
+def context() -> ServerContext:
+    """The ServerContext of the app handling the current request."""
+    ctx: ServerContext = current_app.extensions["onnxpool"]
+    return ctx
+
+
+def check_body_size() -> None:
+    """Refuse an oversized body from its Content-Length, before reading a byte of it."""
+    limit = context().settings.server.max_body_bytes
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"request body is {length} bytes; the limit is {limit}")
+
+
+def read_body() -> bytes:
+    """The request body, refused with 413 beyond [server] max_body_bytes, chunked or not.
+
+    For a chunked body werkzeug's stream ends quietly at MAX_CONTENT_LENGTH (a
+    truncated body, no error), so reading through it is not enough on its own.
+    """
+    limit = context().settings.server.max_body_bytes
+    length = request.content_length
+    if length is not None:
+        # Known length (already checked against the limit before the request ran):
+        # one read straight from the server's input stream. gunicorn then recv()s
+        # in large steps; going through werkzeug's stream wrapper reads 64 KiB at a
+        # time, which costs ~0.5 ms per 600 KB tensor body.
+        data: bytes = request.environ["wsgi.input"].read(length)
+        if len(data) != length:
+            raise BadRequest(f"request body ended after {len(data)} of the {length} bytes in Content-Length")
+        return data
+    data = request.get_data(cache=False)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
+    return data

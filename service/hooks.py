@@ -1,0 +1,270 @@
+"""Bodies of the gunicorn hooks: the one place where the worker pool and the HTTP app meet.
+
+`service/gunicorn_conf.py` calls each in one line. Process rules (why things
+happen where they do; docs/ARCHITECTURE.md):
+- master, each config load (start and every HUP), `configure()`: settings are
+  loaded and validated ONCE, the model is validated (in a subprocess, from a
+  private copy), the core layout is planned, and the Flask app is built from
+  those same settings (labels, preprocessing, limits, API keys). Together they
+  are one generation. At start any problem is one line and exit 1; on HUP it is
+  logged and the running generation stays. No onnxruntime session exists in the
+  master, so nothing with a thread pool crosses a fork.
+- master, `pre_fork`: the new worker is given a slot (a disjoint core share).
+- worker, `post_fork`: pin to the slot's cores, build the ONE session with
+  intra-op threads = share size, warm it up, and serve the generation's app;
+  only then gunicorn's worker loop starts accepting requests.
+- master, `child_exit`: the slot is freed for the replacement; the dead
+  worker's live metric gauges are dropped and the restart is counted.
+
+Import order matters once: prometheus_client chooses its multiprocess storage
+when it is first imported, from $PROMETHEUS_MULTIPROC_DIR, which the master
+exports while making its run folder. The HTTP layer imports prometheus_client,
+so this module imports `onnxpool.server` only inside functions that run after
+the first `configure()` has exported the folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from onnxpool.config.loader import ConfigError, load_settings
+from onnxpool.config.settings import Settings
+from onnxpool.workers.cores import Layout, cgroup_cpu_limit
+from onnxpool.workers.pool import Generation, Pool
+from onnxpool.workers.preflight import ModelError
+from onnxpool.workers.run_folder import RunFolder
+from onnxpool.workers.session import RUNTIME
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+log = logging.getLogger("onnxpool.workers")
+
+SLOT_ATTRIBUTE = "onnxpool_slot"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The generation in force and the app built from its settings."""
+
+    pool: Pool
+    generation: Generation
+    app: WSGIApplication
+
+    @property
+    def settings(self) -> Settings:
+        return self.generation.settings
+
+    @property
+    def layout(self) -> Layout:
+        return self.generation.layout
+
+
+class GenerationApp:
+    """The WSGI callable gunicorn preloads: serves the app of the generation this worker was forked in.
+
+    gunicorn preloads the WSGI app once and keeps it across HUP, so the app
+    built for each generation is handed over here in post_fork instead.
+    """
+
+    def __init__(self) -> None:
+        self.current: WSGIApplication | None = None
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if self.current is None:  # only reachable outside gunicorn, before configure()
+            raise RuntimeError("onnxpool.hooks.configure() has not run")
+        return self.current(environ, start_response)
+
+
+WSGI_APP = GenerationApp()
+_serving: Serving | None = None
+
+
+def configure() -> Serving:
+    """Load and validate one generation in the master; called each time gunicorn reads its config."""
+    global _serving
+    pool = _serving.pool if _serving is not None else None
+    try:
+        loaded = load_settings()
+        if pool is None:
+            pool = _start_pool(loaded.settings)
+        generation = pool.validate(loaded)
+        try:
+            app = _build_app(generation.settings)
+        except ConfigError:  # labels or API keys file
+            pool.reject(generation)
+            raise
+    except (ConfigError, ModelError) as exc:
+        if _serving is None and pool is not None:
+            pool.run.remove()  # nothing was forked: leave no folder behind
+        return _refuse(exc)
+    pool.adopt(generation)
+    if _serving is not None:
+        log.info("reload: new workers serve the re-read settings and model %s", generation.settings.model.path)
+    _serving = Serving(pool=pool, generation=generation, app=app)
+    return _serving
+
+
+def _refuse(exc: Exception) -> Serving:
+    """First load: one line on stderr, exit 1 before any fork. Reload: log, keep serving what runs."""
+    if _serving is None:
+        print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    log.error("reload: keeping the running configuration and the last good model: %s", exc)
+    return _serving
+
+
+def _start_pool(settings: Settings) -> Pool:
+    """First load only: the run folder (exports the metrics folder before prometheus_client loads)."""
+    try:
+        run = RunFolder.create(settings.server.run_dir)
+    except OSError as exc:
+        raise ConfigError(f"server.run_dir: cannot create a run folder in {exc.filename}: {exc.strerror}") from None
+    try:
+        run.export_metrics(settings.metrics)
+    except OSError as exc:
+        run.remove()
+        raise ConfigError(f"metrics.dir: {exc}") from None
+    return Pool(run)
+
+
+def _build_app(settings: Settings) -> WSGIApplication:
+    from onnxpool.server.app import create_app  # after the metrics folder is exported (module doc)
+
+    return create_app(settings, RUNTIME)
+
+
+def serving() -> Serving:
+    if _serving is None:
+        raise RuntimeError("onnxpool.hooks.configure() has not run")
+    return _serving
+
+
+def on_starting(server: Any) -> None:
+    s = serving()
+    layout, settings = s.layout, s.settings
+    limit = cgroup_cpu_limit()
+    log.info(
+        "onnxpool: model %s (%s); usable cores %s (affinity %s, cgroup CPU limit %s) -> %d workers x %d threads",
+        settings.model.name,
+        settings.model.path,
+        list(layout.cores),
+        sorted(os.sched_getaffinity(0)),
+        f"{limit:g}" if limit else "none",
+        layout.workers,
+        layout.threads,
+    )
+    _warn_if_oversubscribed(layout, layout.workers)
+    if s.pool.run.metrics is not None:
+        log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
+    _publish_build_info(s, layout.workers)
+
+
+def _publish_build_info(s: Serving, workers: int) -> None:
+    if s.pool.run.metrics is None:
+        return
+    from importlib.metadata import version
+
+    from onnxpool import __version__
+    from onnxpool.server import metrics
+
+    # The version from the package metadata: importing onnxruntime in the master is not allowed.
+    metrics.set_build_info(__version__, version("onnxruntime"), workers, s.layout.threads)
+
+
+def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
+    if workers * layout.threads > len(layout.cores):
+        log.warning(
+            "OVERSUBSCRIBED: %d workers x %d threads = %d threads on %d usable cores; "
+            "workers will share cores and throughput drops. Set workers x threads_per_worker <= %d.",
+            workers,
+            layout.threads,
+            workers * layout.threads,
+            len(layout.cores),
+            len(layout.cores),
+        )
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    setattr(worker, SLOT_ATTRIBUTE, serving().pool.slots.acquire(worker.age))
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    s = serving()
+    slot: int = getattr(worker, SLOT_ATTRIBUTE)
+    cores = s.layout.core_share_for(slot)
+    os.sched_setaffinity(0, cores)
+    model = s.settings.model
+    report = RUNTIME.load(
+        s.generation.model_file,
+        intra_op_threads=len(cores),
+        spin=s.settings.server.spin,
+        optimization=model.graph_optimization_level,
+        warmup_runs=model.warmup_runs,
+        heartbeat=worker.notify,
+    )
+    WSGI_APP.current = s.app  # this worker serves the generation it was forked in
+    runs = report.run_seconds
+    log.info(
+        "worker ready: slot=%d pid=%d cores=%s threads=%d model load %.0f ms, warm-up %d runs "
+        "(first %.1f ms, last %.1f ms)",
+        slot,
+        os.getpid(),
+        ",".join(map(str, cores)),
+        RUNTIME.intra_op_threads,
+        report.load_seconds * 1000,
+        len(runs),
+        runs[0] * 1000 if runs else 0.0,
+        runs[-1] * 1000 if runs else 0.0,
+    )
+    if s.pool.run.metrics is not None:
+        from onnxpool.server import metrics
+
+        metrics.worker_loaded(slot, report.load_seconds, sum(runs))
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    s = serving()
+    s.pool.slots.release(worker.age)
+    _forget_worker(s, worker.pid)
+
+
+def _forget_worker(s: Serving, pid: int) -> None:
+    """Master: drop a dead worker's live gauges (in-flight, load times); count the restart."""
+    if s.pool.run.metrics is not None:
+        from onnxpool.server import metrics
+
+        metrics.worker_exited(pid)
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    # Runs in the worker too (its last call); only the master's bookkeeping
+    # matters. In the master it runs when gunicorn finds a worker already gone
+    # (ESRCH), where child_exit is skipped, so the slot must be freed here too.
+    # (Workers exit normally: the master never imports onnxruntime, so no
+    # thread of it was half-copied into them by fork; see workers/session.py.)
+    s = _serving
+    if s is not None and os.getpid() == s.pool.master_pid:
+        s.pool.slots.release(worker.age)
+        _forget_worker(s, worker.pid)
+
+
+def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None:
+    # TTIN/TTOU or gunicornc can change the count at runtime: slots already wrap
+    # around the shares; say so loudly if that now oversubscribes the cores.
+    if old_value is not None:
+        log.info("worker count changed: %s -> %s", old_value, new_value)
+        _warn_if_oversubscribed(serving().layout, new_value)
+    if _serving is not None:
+        _publish_build_info(_serving, new_value)
+
+
+def on_exit(server: Any) -> None:
+    # Master, last thing before it exits: remove this run's folder.
+    if _serving is not None:
+        _serving.pool.run.remove()

@@ -1,0 +1,90 @@
+"""The master's view of the worker pool: the validated generation, the core layout, the slots.
+
+A *generation* is what one config load validated: the settings, the model (its
+inputs/outputs and the private copy workers load) and the core layout. The
+master makes one at start and one per HUP; a worker forked after that serves
+exactly that generation, and a generation that fails validation never replaces
+the running one. No HTTP here (docs/ARCHITECTURE.md): the layer above
+(`onnxpool.hooks`) adds the app built from the same settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxpool.config.loader import LoadedSettings
+from onnxpool.config.settings import Settings
+from onnxpool.workers.cores import Layout, SlotTable, plan_layout, usable_cores
+from onnxpool.workers.model_info import ModelInfo
+from onnxpool.workers.preflight import ModelError, preflight
+from onnxpool.workers.run_folder import RunFolder
+
+log = logging.getLogger("onnxpool.workers")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Settings, model and layout of one validated config load."""
+
+    loaded: LoadedSettings
+    model: ModelInfo
+    model_file: Path
+    """The file new workers load: the validated private copy (or the configured path, see run_folder)."""
+    layout: Layout
+
+    @property
+    def settings(self) -> Settings:
+        return self.loaded.settings
+
+
+class Pool:
+    """Master-only state that lives as long as the master: the run folder and the slot table."""
+
+    def __init__(self, run: RunFolder) -> None:
+        self.run = run
+        self.master_pid = os.getpid()
+        self.slots = SlotTable(1)
+
+    def validate(self, loaded: LoadedSettings) -> Generation:
+        """Check the model against the settings and plan the layout; raises ModelError.
+
+        The model is validated from a private copy, which becomes current only
+        when the generation is adopted.
+        """
+        settings = loaded.settings
+        model, model_file = self._validated_model(settings)
+        server = settings.server
+        layout = plan_layout(usable_cores(), server.workers, server.threads_per_worker)
+        return Generation(loaded=loaded, model=model, model_file=model_file, layout=layout)
+
+    def adopt(self, generation: Generation) -> None:
+        """Make `generation` what new workers get."""
+        self.run.promote_model(generation.model_file)
+        # Keep the slot table when its size holds: running workers hold slots in it.
+        if self.slots.size != generation.layout.slots:
+            self.slots = SlotTable(generation.layout.slots)
+
+    def reject(self, generation: Generation) -> None:
+        """Drop a generation that failed a later check (its model copy goes)."""
+        if generation.model_file != self.run.current_model:
+            self.run.discard_model(generation.model_file)
+
+    def _validated_model(self, settings: Settings) -> tuple[ModelInfo, Path]:
+        """Copy the model, validate the copy; a model that does not load from a copy is validated in place."""
+        source = settings.model.path
+        try:
+            copy = self.run.copy_model(source)
+        except FileNotFoundError:
+            raise ModelError(f"model file {source} does not exist") from None
+        except OSError as exc:
+            raise ModelError(f"model file {source} cannot be read: {exc.strerror}") from None
+        try:
+            return preflight(settings, copy), copy
+        except ModelError:
+            self.run.discard_model(copy)
+        model = preflight(settings)  # raises the error about the real file if it is bad
+        log.info("model %s does not load from a copy (external data?): workers load it in place", source)
+        return model, source

@@ -1,0 +1,132 @@
+"""The master's per-run folder: every file the server writes while it runs lives in it.
+
+    <server.run_dir or $TMPDIR>/onnxpool-<master pid>-XXXX/
+        metrics/     prometheus_client's per-process files (unless [metrics] dir names a folder)
+        models/      validated private copies of the model file: what new workers load
+        heartbeat/   gunicorn's worker heartbeat files (`worker_tmp_dir`)
+
+So one writable folder (a tmpfs, a Kubernetes emptyDir) is all a read-only
+root filesystem needs. The master makes the folder at its first config load,
+keeps it across HUP reloads, and removes it when it exits; a master killed with
+SIGKILL cannot, so each new master first removes the folders whose owner pid is
+gone. Process rules (docs/ARCHITECTURE.md):
+
+- Metrics: prometheus_client decides at IMPORT time whether it runs in
+  multiprocess mode, by reading $PROMETHEUS_MULTIPROC_DIR. The master exports it
+  here, before anything imports prometheus_client, and every forked worker
+  inherits it. Each process writes its own `<kind>_<pid>.db` files; GET /metrics
+  in any worker sums all of them, so the folder is fresh (or emptied) per run,
+  never shared across runs, and kept across HUP so totals survive.
+- Model copies: workers build their session from the file the master
+  validated, never from the configured path, so a broken or half-written file
+  swapped in before a HUP is refused and new workers keep the last good copy. A
+  model with external data files (tensors in `*.data` next to the .onnx) does
+  not load from a lone copy; it is then served from its configured path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onnxpool.config.settings import MetricsSettings
+
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PREFIX = "onnxpool-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale(base: Path) -> None:
+    """Delete `onnxpool-<pid>-*` folders in `base` whose master pid no longer exists."""
+    for path in base.glob(f"{PREFIX}*-*"):
+        pid_text = path.name[len(PREFIX) :].split("-")[0]
+        if pid_text.isdigit() and not _alive(int(pid_text)) and path.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.rmtree(path)
+
+
+@dataclass
+class RunFolder:
+    """This run's folder and what lives in it: model copies, metrics folder, heartbeat folder."""
+
+    path: Path
+    metrics: Path | None = None
+    """The folder exported as $PROMETHEUS_MULTIPROC_DIR (None: metrics are off)."""
+    current_model: Path | None = None
+    """The validated model copy new workers load."""
+    _copies: int = field(default=0, repr=False)
+
+    @classmethod
+    def create(cls, base: str = "") -> RunFolder:
+        """A fresh folder under `base` ("" = the system temp dir); stale ones of dead masters go first."""
+        parent = Path(base) if base else Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(parent)
+        path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+        for sub in ("models", "heartbeat"):
+            (path / sub).mkdir()
+        return cls(path)
+
+    @property
+    def heartbeat(self) -> Path:
+        """gunicorn's `worker_tmp_dir`."""
+        return self.path / "heartbeat"
+
+    # --- metrics -----------------------------------------------------------
+
+    def export_metrics(self, settings: MetricsSettings) -> Path | None:
+        """Create (or empty) the metrics folder and export it; None, and nothing exported, when off."""
+        if "prometheus_client" in sys.modules:
+            # Too late: it already chose its storage; metrics would silently stay per process.
+            raise RuntimeError("prometheus_client was imported before the metrics folder was set up")
+        if not settings.enabled:
+            os.environ.pop(METRICS_ENV, None)  # an inherited folder must not collect our files
+            return None
+        folder = Path(settings.dir) if settings.dir else self.path / "metrics"
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.db"):
+            stale.unlink()
+        os.environ[METRICS_ENV] = str(folder)
+        self.metrics = folder
+        return folder
+
+    # --- validated model copies -------------------------------------------
+
+    def copy_model(self, source: Path) -> Path:
+        """Copy `source` into models/ (not yet current); raises OSError if unreadable."""
+        self._copies += 1
+        target = self.path / "models" / f"{self._copies:04d}-{source.name}"
+        shutil.copyfile(source, target)
+        return target
+
+    def promote_model(self, copy: Path) -> None:
+        """Make `copy` what new workers load; drop the previous copy (running workers loaded it already)."""
+        previous, self.current_model = self.current_model, copy
+        if previous is not None and previous != copy and self._owns(previous):
+            previous.unlink(missing_ok=True)
+
+    def discard_model(self, copy: Path) -> None:
+        """Forget a copy that failed validation."""
+        if self._owns(copy):
+            copy.unlink(missing_ok=True)
+
+    def _owns(self, path: Path) -> bool:
+        return path.parent == self.path / "models"
+
+    def remove(self) -> None:
+        """Delete the folder (master exit). A configured [metrics] dir is left, emptied next start."""
+        shutil.rmtree(self.path, ignore_errors=True)
