@@ -1,4 +1,4 @@
-"""HUP with a new model file: a good file is served by the new workers, a broken one is refused."""
+"""HUP re-reads everything: a good model or settings file is served by the new workers, a broken one refused."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from tests.harness import MODEL_NAME, Server, running_server
+from tests.harness import DATA, MODEL_NAME, Server, running_server
 from tests.tiny_models import build_tiny_model
 from tests.v2client import binary_infer, parse_binary_reply
 
@@ -51,4 +51,54 @@ def test_hup_loads_a_good_new_file_and_refuses_a_broken_one(tmp_path: Path) -> N
         os.replace(fresh, model)
         hup_and_wait(srv, 2)
         assert abs(first_logit(srv) - (base + 1.0)) < 1e-4
+        assert srv.process.poll() is None
+
+
+def write_labels(path: Path, prefix: str) -> None:
+    path.write_text("".join(f"{prefix}{i}\n" for i in range(1000)), encoding="utf-8")
+
+
+def write_settings(path: Path, model: Path, labels: Path, top_k: int, extra: str = "") -> None:
+    path.write_text(
+        f'[model]\npath = "{model}"\nlabels = "{labels}"\ntop_k = {top_k}\nwarmup_runs = 1\n{extra}',
+        encoding="utf-8",
+    )
+
+
+def predict(server: Server, headers: dict[str, str] | None = None) -> requests.Response:
+    with (DATA / "chelsea-cat.jpg").open("rb") as photo:
+        return requests.post(server.url + "/predict", files={"image": photo}, headers=headers, timeout=30)
+
+
+def labels_of(reply: requests.Response) -> list[str]:
+    assert reply.status_code == 200, reply.text
+    return [p["label"] for p in reply.json()["predictions"][0]]
+
+
+def test_hup_applies_every_setting_and_keeps_the_last_good_ones(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "model.onnx", bias=0.0)
+    labels, config = tmp_path / "labels.txt", tmp_path / "onnxpool.toml"
+    write_labels(labels, "old-")
+    write_settings(config, model, labels, top_k=3)
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "2"}, workers=2, config=config) as srv:
+        before = labels_of(predict(srv))
+        assert len(before) == 3 and all(name.startswith("old-") for name in before)
+
+        # New labels, a new top_k default and an API key: all applied by a HUP, no restart.
+        write_labels(labels, "new-")
+        key = "k" * 24
+        write_settings(config, model, labels, top_k=2, extra=f'[auth]\napi_keys = ["{key}"]\n')
+        hup_and_wait(srv, 2)
+        assert predict(srv).status_code == 401
+        after = labels_of(predict(srv, {"Authorization": f"Bearer {key}"}))
+        assert after == [name.replace("old-", "new-") for name in before[:2]]
+
+        # A broken settings file, then a labels file that no longer fits the model: both refused.
+        config.write_text("[model\ntop_k = 7\n", encoding="utf-8")
+        hup_and_wait(srv, 2)
+        labels.write_text("only\nthree\nlabels\n", encoding="utf-8")
+        write_settings(config, model, labels, top_k=5)
+        hup_and_wait(srv, 2)
+        assert srv.log().count("reload: keeping the running configuration") == 2
+        assert labels_of(predict(srv, {"Authorization": f"Bearer {key}"})) == after
         assert srv.process.poll() is None
