@@ -136,7 +136,7 @@ def plan_layout(cores: list[int], workers: int | str, threads: int | str) -> Lay
     """Resolve "auto" worker and thread counts against the usable cores.
 
     Both auto: one single-threaded worker per core (the fastest layout for most
-    CPU models, see DESIGN.md). One given: the other fills the cores.
+    CPU models, see docs/ARCHITECTURE.md). One given: the other fills the cores.
     """
     n = max(1, len(cores))
     if isinstance(threads, int):
