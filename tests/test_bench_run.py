@@ -52,7 +52,7 @@ def test_bench_counts_http_errors(server: Server, capsys) -> None:
     from onnxpool.bench.payloads import PreparedRequest
 
     request = PreparedRequest("POST", "/v2/models/nope/infer", b"{}", {"Content-Type": "application/json"})
-    options = BenchOptions(url=server.url, mode="v2-json", concurrency=(2,), warmup=0.1, duration=0.5)
+    options = BenchOptions(url=server.url, mode="v2-json", concurrency=(2,), warmup=0.1, duration=2.0)
     step = run_bench(options, request=request).steps[0]
     assert step.ok == 0 and step.errors.get("404", 0) == step.requests > 0
 

@@ -28,7 +28,8 @@ def test_stale_folders_of_dead_masters_are_removed(tmp_path: Path) -> None:
 
 
 def test_everything_lives_under_the_configured_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(METRICS_ENV, raising=False)
+    monkeypatch.setenv(METRICS_ENV, "")  # so that monkeypatch restores the variable export_metrics sets
+    monkeypatch.delenv(METRICS_ENV)
     monkeypatch.delitem(sys.modules, "prometheus_client", raising=False)  # as in a fresh master
     run = RunFolder.create(str(tmp_path / "run"))
     assert run.path.parent == tmp_path / "run"
