@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from onnxpool.server.request_start import parse_request_start, queue_seconds
-from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_request
+from onnxpool.server.v2codec import encode_infer_request
 from tests.harness import Server
 
 NOW = 1_700_000_000.250
@@ -66,7 +66,7 @@ def test_client_deadline_header_sheds(server: Server) -> None:
 def test_v2_timeout_parameter_sheds(server: Server, timeout_us: object, status: int) -> None:
     image = np.zeros((1, 3, 224, 224), np.float32)
     body = encode_infer_request({"input": image}, {"input"}, parameters={"timeout": timeout_us})
-    headers = {"X-Request-Start": _ago(1), BINARY_HEADER: str(body.header_length)}
+    headers = {"X-Request-Start": _ago(1), **body.headers}
     reply = requests.post(
         server.url + "/v2/models/efficientnet-lite0/infer", data=body.body, headers=headers, timeout=30
     )
