@@ -18,7 +18,6 @@ import numpy as np
 import requests
 
 from onnxpool.server.datatypes import V2_TO_NUMPY
-from onnxpool.server.v2codec import encode_infer_request
 
 Mode = Literal["v2-binary", "v2-json", "predict"]
 MODES: tuple[Mode, ...] = ("v2-binary", "v2-json", "predict")
@@ -79,23 +78,30 @@ def infer_path(model: str) -> str:
     return f"/v2/models/{urllib.parse.quote(model)}/infer"
 
 
-def _tensors(inputs: list[InputSpec], batch: int) -> dict[str, np.ndarray]:
-    return {spec.name: random_tensor(spec, batch, seed=i) for i, spec in enumerate(inputs)}
+def _v2_request(model: str, inputs: list[InputSpec], batch: int, binary: bool) -> PreparedRequest:
+    # Imported here, not at the top: every spawned load-generator process imports this
+    # module (to unpickle PreparedRequest) but never encodes, and each import delays the
+    # moment it can start sending (a short bench step was seen to end before it did).
+    from onnxpool.server.v2codec import encode_infer_request
+
+    tensors = {spec.name: random_tensor(spec, batch, seed=i) for i, spec in enumerate(inputs)}
+    if binary:
+        encoded = encode_infer_request(tensors, set(tensors), binary_output=True)
+    else:
+        # The float text (so the server's parse cost) of a plain Python client:
+        # tritonclient and friends write `tensor.tolist()` with json.dumps.
+        encoded = encode_infer_request(tensors, python_floats=True)
+    return PreparedRequest("POST", infer_path(model), encoded.body, encoded.headers, batch)
 
 
 def v2_binary_request(model: str, inputs: list[InputSpec], batch: int) -> PreparedRequest:
     """v2 infer with the binary tensor data extension, asking for binary outputs too."""
-    tensors = _tensors(inputs, batch)
-    encoded = encode_infer_request(tensors, set(tensors), binary_output=True)
-    return PreparedRequest("POST", infer_path(model), encoded.body, encoded.headers, batch)
+    return _v2_request(model, inputs, batch, binary=True)
 
 
 def v2_json_request(model: str, inputs: list[InputSpec], batch: int) -> PreparedRequest:
     """v2 infer with JSON tensors (flat data lists), as a plain JSON client sends it."""
-    # python_floats: the float text (and so the server's parse cost) of a typical Python
-    # client (tritonclient and friends write `tensor.tolist()` with json.dumps).
-    encoded = encode_infer_request(_tensors(inputs, batch), python_floats=True)
-    return PreparedRequest("POST", infer_path(model), encoded.body, encoded.headers, batch)
+    return _v2_request(model, inputs, batch, binary=False)
 
 
 def multipart_body(field_name: str, files: list[tuple[str, bytes, str]]) -> tuple[bytes, str]:
