@@ -3,11 +3,11 @@
 The load generator sends the same prepared bytes over and over, so its own CPU
 cost per request is one HTTP exchange, not JSON or multipart encoding. Three
 modes: v2 binary tensors, v2 JSON tensors, and `/predict` with an image file.
+The v2 bodies come from the server's own client codec (`encode_infer_request`).
 """
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +21,6 @@ from onnxpool.server.datatypes import V2_TO_NUMPY
 
 Mode = Literal["v2-binary", "v2-json", "predict"]
 MODES: tuple[Mode, ...] = ("v2-binary", "v2-json", "predict")
-BINARY_HEADER = "Inference-Header-Content-Length"
 
 
 @dataclass(frozen=True)
@@ -79,31 +78,30 @@ def infer_path(model: str) -> str:
     return f"/v2/models/{urllib.parse.quote(model)}/infer"
 
 
+def _v2_request(model: str, inputs: list[InputSpec], batch: int, binary: bool) -> PreparedRequest:
+    # Imported here, not at the top: every spawned load-generator process imports this
+    # module (to unpickle PreparedRequest) but never encodes, and each import delays the
+    # moment it can start sending (a short bench step was seen to end before it did).
+    from onnxpool.server.v2codec import encode_infer_request
+
+    tensors = {spec.name: random_tensor(spec, batch, seed=i) for i, spec in enumerate(inputs)}
+    if binary:
+        encoded = encode_infer_request(tensors, set(tensors), binary_output=True)
+    else:
+        # The float text (so the server's parse cost) of a plain Python client:
+        # tritonclient and friends write `tensor.tolist()` with json.dumps.
+        encoded = encode_infer_request(tensors, python_floats=True)
+    return PreparedRequest("POST", infer_path(model), encoded.body, encoded.headers, batch)
+
+
 def v2_binary_request(model: str, inputs: list[InputSpec], batch: int) -> PreparedRequest:
     """v2 infer with the binary tensor data extension, asking for binary outputs too."""
-    blobs, described = [], []
-    for i, spec in enumerate(inputs):
-        blob = random_tensor(spec, batch, seed=i).tobytes()
-        shape = list(concrete_shape(spec.shape, batch))
-        params = {"binary_data_size": len(blob)}
-        described.append({"name": spec.name, "datatype": spec.datatype, "shape": shape, "parameters": params})
-        blobs.append(blob)
-    header = json.dumps({"inputs": described, "parameters": {"binary_data_output": True}}).encode()
-    headers = {"Content-Type": "application/octet-stream", BINARY_HEADER: str(len(header))}
-    return PreparedRequest("POST", infer_path(model), b"".join([header, *blobs]), headers, batch)
+    return _v2_request(model, inputs, batch, binary=True)
 
 
 def v2_json_request(model: str, inputs: list[InputSpec], batch: int) -> PreparedRequest:
     """v2 infer with JSON tensors (flat data lists), as a plain JSON client sends it."""
-    described = []
-    for i, spec in enumerate(inputs):
-        tensor = random_tensor(spec, batch, seed=i)
-        shape = list(tensor.shape)
-        described.append(
-            {"name": spec.name, "datatype": spec.datatype, "shape": shape, "data": tensor.ravel().tolist()}
-        )
-    body = json.dumps({"inputs": described}).encode()
-    return PreparedRequest("POST", infer_path(model), body, {"Content-Type": "application/json"}, batch)
+    return _v2_request(model, inputs, batch, binary=False)
 
 
 def multipart_body(field_name: str, files: list[tuple[str, bytes, str]]) -> tuple[bytes, str]:

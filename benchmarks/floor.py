@@ -24,22 +24,13 @@ from benchmarks import REPO
 from onnxpool.bench.loadgen import LoadGenerator, StepPlan
 from onnxpool.bench.payloads import PreparedRequest
 from onnxpool.bench.servers import Server, free_port, start_command, start_server
+from onnxpool.server.v2codec import encode_infer_request
 
 
 def _request() -> PreparedRequest:
-    from onnxpool.server.v2codec import BINARY_HEADER
-
     x = np.zeros((1, 3, 224, 224), dtype=np.float32)
-    header = (
-        b'{"inputs":[{"name":"input","datatype":"FP32","shape":[1,3,224,224],'
-        b'"parameters":{"binary_data_size":%d}}],"parameters":{"binary_data_output":true}}' % x.nbytes
-    )
-    return PreparedRequest(
-        "POST",
-        "/v2/models/efficientnet-lite0/infer",
-        header + x.tobytes(),
-        {BINARY_HEADER: str(len(header)), "Content-Type": "application/octet-stream"},
-    )
+    encoded = encode_infer_request({"input": x}, {"input"}, binary_output=True)
+    return PreparedRequest("POST", "/v2/models/efficientnet-lite0/infer", encoded.body, encoded.headers)
 
 
 def start_floor_app(folder: Path, workers: int) -> Server:

@@ -28,7 +28,7 @@ import numpy as np
 import requests
 
 from onnxpool.bench.servers import DATA, children_of, proc_status, start_server
-from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_request
+from onnxpool.server.v2codec import encode_infer_request
 
 MODEL = "efficientnet-lite0"
 Shot = Callable[[requests.Session, str], requests.Response]
@@ -44,8 +44,8 @@ def build_mix(max_body: int, has_predict: bool) -> dict[str, tuple[int, Shot]]:
     as_json = encode_infer_request({"input": image})
     as_binary = encode_infer_request({"input": image}, {"input"}, binary_output=True)
     wrong_shape = encode_infer_request({"input": image[:, :, :100]})
-    json_headers = {"Content-Type": "application/json"}
-    binary_headers = {"Content-Type": "application/octet-stream", BINARY_HEADER: str(as_binary.header_length)}
+    json_headers = as_json.headers
+    binary_headers = as_binary.headers
     oversized = b"[" + b"0," * (max_body // 2 + 1024) + b"0]"
     mix: dict[str, tuple[int, Shot]] = {
         "infer_json": (30, lambda s, u: _infer(s, u, as_json.body, json_headers)),

@@ -7,7 +7,8 @@ lets the client (or nginx's next upstream) try elsewhere, and keeps the latency
 of the accepted requests bounded.
 
 How long a request waited comes from `X-Request-Start` (nginx, or a client
-stamping its send time; see `server.request_start`). The budget is the smaller
+stamping its send time; see `server.request_start`), parsed once by the WSGI
+middleware into the request's timer (`server.timing`). The budget is the smaller
 of `[limits] max_queue_ms` and the client's own deadline:
 - header `X-Request-Timeout: <seconds>` (decimal, e.g. `0.25`), checked here
   before the body is read;
@@ -25,9 +26,9 @@ from collections.abc import Mapping
 
 from flask import Flask, request
 
+from onnxpool.server import timing
 from onnxpool.server.context import context
 from onnxpool.server.errors import BadRequest, Unavailable
-from onnxpool.server.request_start import Headers, queue_seconds
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
@@ -45,8 +46,11 @@ def _header_deadline(raw: str) -> float:
     return seconds
 
 
-def _shed_if_waited(headers: Headers, budget: float, reason: str) -> None:
-    waited = queue_seconds(headers, time.time())
+def _shed_if_waited(budget: float, reason: str) -> None:
+    # No timer only in an app built without the middleware (create_app always adds it):
+    # the wait is then unknown, as without the header.
+    timer = timing.current()
+    waited = timer.waited(time.time()) if timer is not None else None
     if waited is not None and waited > budget:
         raise Unavailable(
             f"request shed: it waited {waited * 1000:.0f} ms for a worker, more than {reason} "
@@ -64,10 +68,10 @@ def check_request() -> None:
     if raw_deadline is not None:
         deadline = _header_deadline(raw_deadline)
         if limit is None or deadline < limit:
-            _shed_if_waited(request.headers, deadline, f"the client's {TIMEOUT_HEADER}")
+            _shed_if_waited(deadline, f"the client's {TIMEOUT_HEADER}")
             return
     if limit is not None:
-        _shed_if_waited(request.headers, limit, "[limits] max_queue_ms")
+        _shed_if_waited(limit, "[limits] max_queue_ms")
 
 
 def check_infer_timeout(parameters: Mapping[str, object]) -> None:
@@ -77,7 +81,7 @@ def check_infer_timeout(parameters: Mapping[str, object]) -> None:
         return
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise BadRequest(f"parameters.timeout must be a positive integer (microseconds), got {timeout!r}")
-    _shed_if_waited(request.headers, timeout / 1e6, "the request's timeout parameter")
+    _shed_if_waited(timeout / 1e6, "the request's timeout parameter")
 
 
 def _configured_limit() -> float | None:

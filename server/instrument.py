@@ -1,7 +1,8 @@
 """Wires timing, request ids and metrics into the app.
 
 - A WSGI middleware around `app.wsgi_app` sees each request first and last:
-  it starts the phase timer (reading `X-Request-Start` for the queue wait),
+  it starts the phase timer (parsing `X-Request-Start`, once, for the queue wait
+  and for admission control),
   settles the request id, adds `X-Request-ID` and `Server-Timing` to the reply
   headers and records the request in Prometheus as the reply leaves the app
   (total = from the proxy's X-Request-Start, or our first look at the request,
@@ -16,7 +17,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,9 +73,7 @@ class Instrumentation:
         self.server_timing = server_timing
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        timer = timing.RequestTimer(
-            request_start.queue_seconds({request_start.HEADER: environ.get("HTTP_X_REQUEST_START")}, time.time())
-        )
+        timer = timing.RequestTimer.arriving(request_start.parse_request_start(environ.get(request_start.ENVIRON_KEY)))
         environ[timing.ENVIRON_KEY] = timer
         rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
         request_id.set_current(rid)
@@ -141,7 +139,11 @@ def _metrics_view() -> Response:
 
 
 def install(app: Flask, settings: Settings) -> None:
-    """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`."""
+    """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`.
+
+    The middleware is installed whatever the metrics settings: its timer carries the
+    parsed `X-Request-Start` that admission control sheds by.
+    """
     enabled = settings.metrics.enabled
     app.after_request(_stash_labels(settings.model.name))
     if enabled:

@@ -4,16 +4,18 @@ nginx stamps the moment it received the request (`proxy_set_header
 X-Request-Start "t=${msec}"`: Unix seconds with milliseconds, `t=1700000000.123`);
 some proxies send integer microseconds (`t=1700000000123456`) or milliseconds.
 The unit of a bare integer is told apart by its magnitude, which is unambiguous
-for any date after 1973. Pure functions, no Flask: admission control (shedding)
-and the metrics (a queue-time histogram) both use `queue_seconds`.
+for any date after 1973. Pure functions, no Flask. The WSGI middleware
+(`server.instrument`) parses the header ONCE per request and keeps the stamp on
+the request's timer (`server.timing`); the metrics (queue-time histogram,
+Server-Timing) and admission control (shedding) read it from there.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 HEADER = "X-Request-Start"
+ENVIRON_KEY = "HTTP_X_REQUEST_START"  # the header as the WSGI environ spells it
 
 # A stamp further than this from now is a wrong clock, not a queue wait: ignored.
 MAX_PLAUSIBLE_SECONDS = 3600.0
@@ -23,8 +25,10 @@ _MILLIS_ABOVE = 1e11
 _MICROS_ABOVE = 1e14
 
 
-def parse_request_start(value: str) -> float | None:
-    """`t=<stamp>` (or a bare stamp) -> Unix seconds, or None if it is not a stamp."""
+def parse_request_start(value: str | None) -> float | None:
+    """`t=<stamp>` (or a bare stamp) -> Unix seconds, or None without one (no header, not a stamp)."""
+    if value is None:
+        return None
     text = value.strip()
     if text[:2] in ("t=", "T="):
         text = text[2:].strip()
@@ -41,24 +45,12 @@ def parse_request_start(value: str) -> float | None:
     return stamp
 
 
-class Headers(Protocol):
-    """Anything with `.get(name)`: werkzeug's request.headers, or a dict."""
-
-    def get(self, key: str, /) -> str | None: ...
-
-
-def queue_seconds(headers: Headers, now: float) -> float | None:
-    """Seconds between the `X-Request-Start` stamp and `now` (Unix time); None without one.
+def seconds_since(stamp: float | None, now: float) -> float | None:
+    """Seconds between a parsed stamp and `now` (Unix time); None without a stamp.
 
     A stamp slightly in the future (clocks of proxy and host disagree) counts as
     0; one more than an hour off either way is a wrong clock and gives None.
-    `headers` is any case-insensitive mapping such as werkzeug's request.headers;
-    a plain dict should use the canonical spelling `X-Request-Start`.
     """
-    raw = headers.get(HEADER)
-    if raw is None:
+    if stamp is None or abs(now - stamp) > MAX_PLAUSIBLE_SECONDS:
         return None
-    start = parse_request_start(raw)
-    if start is None or abs(now - start) > MAX_PLAUSIBLE_SECONDS:
-        return None
-    return max(0.0, now - start)
+    return max(0.0, now - stamp)

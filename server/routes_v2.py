@@ -8,9 +8,15 @@ from onnxpool import __version__
 from onnxpool.server import admission
 from onnxpool.server.context import context, json_response, read_body
 from onnxpool.server.datatypes import v2_datatype
-from onnxpool.server.errors import BadRequest, NotFound, Unavailable
+from onnxpool.server.errors import NotFound, Unavailable
 from onnxpool.server.timing import phase
-from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, encode_infer_response
+from onnxpool.server.v2codec import (
+    BINARY_HEADER,
+    RequestLimits,
+    decode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+)
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 blueprint = Blueprint("v2", __name__)
@@ -81,15 +87,6 @@ def model_ready(model: str, version: str | None = None) -> Response:
     return json_response({"name": model, "ready": is_ready}, 200 if is_ready else 503)
 
 
-def _header_length() -> int | None:
-    raw = request.headers.get(BINARY_HEADER)
-    if raw is None:
-        return None
-    if not raw.strip().isdigit():
-        raise BadRequest(f"{BINARY_HEADER} must be a non-negative integer, got {raw!r}")
-    return int(raw)
-
-
 @blueprint.post("/v2/models/<model>/infer")
 @blueprint.post("/v2/models/<model>/versions/<version>/infer")
 def infer(model: str, version: str | None = None) -> Response:
@@ -99,14 +96,13 @@ def infer(model: str, version: str | None = None) -> Response:
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
     with phase("decode"):
-        decoded = decode_infer_request(read_body(), info, limits, _header_length())
+        body = read_body()  # first: an oversized body is a 413 even when the binary header is bad too
+        decoded = decode_infer_request(body, info, limits, parse_header_length(request.headers.get(BINARY_HEADER)))
     admission.check_infer_timeout(decoded.parameters)
     outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
     with phase("encode"):
         encoded = encode_infer_response(
             ctx.settings.model.name, ctx.settings.model.version, decoded.id, outputs, decoded.binary_outputs
         )
-        response = Response(encoded.body, content_type=encoded.content_type)
-        if encoded.header_length is not None:
-            response.headers[BINARY_HEADER] = str(encoded.header_length)
+        response = Response(encoded.body, headers=encoded.headers)
     return response

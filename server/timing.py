@@ -4,7 +4,9 @@ One `RequestTimer` per request feeds both the Prometheus histograms and the
 `Server-Timing` header, so the two always agree. It is created by the WSGI
 middleware (`server.instrument`) as early as possible and kept in the WSGI
 environ, because the middleware reads it again after Flask has torn its request
-context down. Code inside a request marks its phases with:
+context down. It also carries the request's `X-Request-Start` stamp, parsed
+once by the middleware, for admission control to judge the wait at its own
+moment. Code inside a request marks its phases with:
 
     with phase("decode"):
         ...
@@ -21,20 +23,41 @@ from contextlib import contextmanager
 
 from flask import has_request_context, request
 
+from onnxpool.server.request_start import seconds_since
+
 ENVIRON_KEY = "onnxpool.timer"
 PHASES = ("queue", "decode", "infer", "encode")
 
 
 class RequestTimer:
-    """Accumulated seconds per phase of one request, from a perf_counter start."""
+    """Accumulated seconds per phase of one request, from a perf_counter start.
 
-    __slots__ = ("_open", "phases", "queue", "start")
+    `arrived` is the proxy's `X-Request-Start` stamp (Unix seconds, None without
+    one) and `queue` the wait it meant when the middleware first saw the request.
+    """
 
-    def __init__(self, queue: float | None = None) -> None:
+    __slots__ = ("_open", "arrived", "phases", "queue", "start")
+
+    def __init__(self, queue: float | None = None, arrived: float | None = None) -> None:
         self.start = time.perf_counter()
         self.queue = queue
+        self.arrived = arrived
         self.phases: dict[str, float] = {}
         self._open: set[str] = set()
+
+    @classmethod
+    def arriving(cls, stamp: float | None) -> RequestTimer:
+        """The timer of a request seen now, which the proxy stamped `stamp` (None: no stamp)."""
+        return cls(seconds_since(stamp, time.time()), stamp)
+
+    def waited(self, now: float) -> float | None:
+        """Seconds since the proxy's stamp as of `now` (Unix time); None if unknown or a wrong clock.
+
+        Not `queue` (the wait until the middleware saw the request): admission judges
+        at its own moment, so the v2 `timeout` check, after the body is read and
+        decoded, counts that time too.
+        """
+        return seconds_since(self.arrived, now)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

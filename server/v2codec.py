@@ -15,7 +15,11 @@ survive exactly. FP16 travels in JSON as FP32 numbers, which read back to the
 identical FP16 values.
 
 The client side (`encode_infer_request`, `decode_infer_response`) lives here
-too, so tests, benchmarks and the soak script speak the same codec.
+too: it is the ONE v2 client codec, used by the load generator's payloads
+(`onnxpool.bench.payloads`), the benchmark scripts and the tests, so what they
+send is what the server's own encoder would write. It stays in this module
+because it shares the tensor encoder with the responses and the JSON data
+reader with the requests.
 """
 
 from __future__ import annotations
@@ -65,6 +69,15 @@ def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise BadRequest(f"{where}.parameters must be an object")
     return params
+
+
+def parse_header_length(raw: str | None) -> int | None:
+    """The value of an `Inference-Header-Content-Length` header; None when it is absent."""
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise BadRequest(f"{BINARY_HEADER} must be a non-negative integer, got {raw!r}")
+    return int(raw)
 
 
 def _check_shape(shape: Any, spec: TensorSpec, where: str, limits: RequestLimits) -> tuple[int, ...]:
@@ -260,18 +273,32 @@ def _with_outputs(
 
 
 @dataclass(frozen=True)
-class EncodedResponse:
-    """Body and the headers that describe it."""
+class EncodedBody:
+    """An encoded infer request or response: the body and what its headers must say."""
 
     body: bytes
     content_type: str
     header_length: int | None = None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers that go with the body (the binary header only when there are blobs)."""
+        headers = {"Content-Type": self.content_type}
+        if self.header_length is not None:
+            headers[BINARY_HEADER] = str(self.header_length)
+        return headers
+
 
 def _encode_tensors(
-    arrays: Mapping[str, np.ndarray], binary: Sequence[str] | set[str]
+    arrays: Mapping[str, np.ndarray],
+    binary: Sequence[str] | set[str],
+    float_digits: type[np.floating[Any]] = np.float32,
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """v2 tensor descriptions (JSON data inline, or binary_data_size) and the binary blobs in order."""
+    """v2 tensor descriptions (JSON data inline, or binary_data_size) and the binary blobs in order.
+
+    JSON floats are written with the digits of `float_digits`: FP16 is widened to it
+    (orjson cannot write FP16), and float64 writes any float as Python's float repr would.
+    """
     described: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, array in arrays.items():
@@ -284,16 +311,17 @@ def _encode_tensors(
         else:
             # orjson writes numpy arrays natively (NaN/inf as null); FP16 it does not, so widen it
             flat = array.reshape(-1)
-            entry["data"] = flat.astype(np.float32) if flat.dtype == np.float16 else flat
+            widen = flat.dtype.kind == "f" and flat.dtype.itemsize < np.dtype(float_digits).itemsize
+            entry["data"] = flat.astype(float_digits) if widen else flat
         described.append(entry)
     return described, blobs
 
 
-def _body(document: dict[str, Any], blobs: list[bytes]) -> EncodedResponse:
+def _body(document: dict[str, Any], blobs: list[bytes]) -> EncodedBody:
     header = jsonfast.dumps(document)
     if not blobs:
-        return EncodedResponse(header, "application/json")
-    return EncodedResponse(b"".join([header, *blobs]), "application/octet-stream", len(header))
+        return EncodedBody(header, "application/json")
+    return EncodedBody(b"".join([header, *blobs]), "application/octet-stream", len(header))
 
 
 def encode_infer_response(
@@ -302,7 +330,7 @@ def encode_infer_response(
     request_id: str | None,
     outputs: Mapping[str, np.ndarray],
     binary_outputs: Sequence[str] | set[str] = (),
-) -> EncodedResponse:
+) -> EncodedBody:
     """Encode outputs as v2 JSON, with the binary extension for outputs in binary_outputs."""
     described, blobs = _encode_tensors(outputs, binary_outputs)
     document: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": described}
@@ -316,14 +344,26 @@ def encode_infer_request(
     binary_inputs: Sequence[str] | set[str] = (),
     *,
     binary_output: bool = False,
+    outputs: Sequence[str] | None = None,
     request_id: str | None = None,
     parameters: Mapping[str, Any] | None = None,
-) -> EncodedResponse:
-    """Client side: a v2 infer request (binary extension for inputs in binary_inputs)."""
-    described, blobs = _encode_tensors(inputs, binary_inputs)
+    python_floats: bool = False,
+) -> EncodedBody:
+    """Client side: a v2 infer request (binary extension for inputs in binary_inputs).
+
+    Without `outputs` the server returns all outputs, binary ones if `binary_output`
+    (the request parameter `binary_data_output`); with `outputs` only those, each
+    asking for `binary_output` through its own `binary_data` parameter.
+    `python_floats` writes JSON floats as a plain Python client does (`tensor.tolist()`
+    through `json.dumps`: the float64 digits of each value, about twice the text of the
+    shortest FP32 form); the server reads the same values either way, only the cost differs.
+    """
+    described, blobs = _encode_tensors(inputs, binary_inputs, np.float64 if python_floats else np.float32)
     document: dict[str, Any] = {"inputs": described}
     params = dict(parameters or {})
-    if binary_output:
+    if outputs is not None:
+        document["outputs"] = [{"name": name, "parameters": {"binary_data": binary_output}} for name in outputs]
+    elif binary_output:
         params["binary_data_output"] = True
     if params:
         document["parameters"] = params
@@ -363,4 +403,9 @@ def decode_infer_response(body: bytes, header_length: int | None = None) -> dict
         _expect(header_length is not None and offset + size <= len(body), f"{where}: binary data is missing")
         outputs[raw["name"]] = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(dims)
         offset += size
+    # As strict as the request decoder: bytes nobody declared mean the reply is not what it says.
+    _expect(
+        header_length is None or offset == len(body),
+        f"{len(body) - offset} bytes after the last binary output were not expected",
+    )
     return outputs

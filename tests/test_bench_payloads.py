@@ -9,7 +9,7 @@ from werkzeug.formparser import parse_form_data
 
 from onnxpool.bench.paths import CAT_JPEG
 from onnxpool.bench.payloads import InputSpec, concrete_shape, predict_request, v2_binary_request, v2_json_request
-from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request
+from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, parse_header_length
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 MODEL = ModelInfo(
@@ -27,7 +27,7 @@ def test_concrete_shape() -> None:
 def test_binary_request_decodes_with_the_server_codec() -> None:
     prepared = v2_binary_request("m", SPEC, batch=2)
     assert prepared.path == "/v2/models/m/infer" and prepared.items == 2
-    decoded = decode_infer_request(prepared.body, MODEL, LIMITS, int(prepared.headers[BINARY_HEADER]))
+    decoded = decode_infer_request(prepared.body, MODEL, LIMITS, parse_header_length(prepared.headers[BINARY_HEADER]))
     assert decoded.inputs["input"].shape == (2, 3, 224, 224)
     assert decoded.inputs["input"].dtype == np.float32
     assert decoded.binary_outputs == {"logits"}
@@ -37,7 +37,7 @@ def test_json_request_decodes_with_the_server_codec() -> None:
     prepared = v2_json_request("m", SPEC, batch=1)
     decoded = decode_infer_request(prepared.body, MODEL, LIMITS)
     binary = v2_binary_request("m", SPEC, batch=1)
-    same = decode_infer_request(binary.body, MODEL, LIMITS, int(binary.headers[BINARY_HEADER]))
+    same = decode_infer_request(binary.body, MODEL, LIMITS, parse_header_length(binary.headers[BINARY_HEADER]))
     np.testing.assert_array_equal(decoded.inputs["input"], same.inputs["input"])
 
 

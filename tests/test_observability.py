@@ -18,7 +18,7 @@ from onnxpool.logs import JsonFormatter, TextFormatter, logconfig_dict
 from onnxpool.server import request_id, timing
 from onnxpool.server.app import create_app
 from onnxpool.server.request_id import RequestIdLogFilter
-from onnxpool.server.request_start import HEADER, queue_seconds
+from onnxpool.server.request_start import parse_request_start, seconds_since
 from onnxpool.workers.session import SessionRuntime
 from tests.harness import DEMO_MODEL, MODEL_NAME, Server, running_server
 
@@ -43,12 +43,12 @@ DEMO_INPUTS = [InputSpec("input", "FP32", (-1, 3, 224, 224))]
 )
 def test_queue_seconds_small_clock(header: str | None, expected: float | None) -> None:
     now = 1001.0
-    got = queue_seconds({HEADER: header} if header is not None else {}, now)
+    got = seconds_since(parse_request_start(header), now)
     assert got == (None if expected is None else pytest.approx(expected))
 
 
 def queue_seconds_of(header: str, now: float) -> float | None:
-    return queue_seconds({HEADER: header}, now)
+    return seconds_since(parse_request_start(header), now)
 
 
 def test_queue_seconds_units_at_real_dates() -> None:
@@ -71,6 +71,15 @@ def test_timer_nested_same_phase_counts_once() -> None:
     assert 0.01 <= parts["infer"] < 0.05
     header = timer.server_timing()
     assert re.fullmatch(r"queue;dur=2\.00, decode;dur=[\d.]+, infer;dur=[\d.]+, total;dur=[\d.]+", header)
+
+
+def test_timer_keeps_the_stamp_for_later_checks() -> None:
+    now = time.time()
+    timer = timing.RequestTimer.arriving(now - 2.0)
+    assert timer.queue == pytest.approx(2.0, abs=0.5)
+    assert timer.waited(now + 3.0) == pytest.approx(5.0)  # judged at the caller's moment, not the arrival's
+    assert timing.RequestTimer.arriving(None).waited(now) is None
+    assert timing.RequestTimer.arriving(now - 7300).waited(now) is None  # a wrong clock
 
 
 def test_phase_outside_a_request_is_a_no_op() -> None:

@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 import requests
 
+from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_request
 from tests.harness import (
     DEMO_MODEL,
     MODEL_NAME,
@@ -28,6 +29,7 @@ from tests.harness import (
     proc_status,
     running_server,
 )
+from tests.v2client import decode_reply
 
 INFER = f"/v2/models/{MODEL_NAME}/infer"
 
@@ -46,36 +48,15 @@ def reference(x: np.ndarray) -> np.ndarray:
 
 
 def infer_binary(url: str, x: np.ndarray, binary_output: bool = True) -> np.ndarray:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "datatype": "FP32",
-                    "shape": list(x.shape),
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "outputs": [{"name": "logits", "parameters": {"binary_data": binary_output}}],
-        }
-    ).encode()
-    reply = requests.post(
-        url + INFER,
-        data=header + x.tobytes(),
-        headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
-        timeout=30,
-    )
+    encoded = encode_infer_request({"input": x}, {"input"}, binary_output=binary_output, outputs=["logits"])
+    reply = requests.post(url + INFER, data=encoded.body, headers=encoded.headers, timeout=30)
     assert reply.status_code == 200, reply.text
-    if not binary_output:
-        out = reply.json()["outputs"][0]
-        return np.array(out["data"], dtype=np.float32).reshape(out["shape"])
-    n = int(reply.headers["Inference-Header-Content-Length"])
-    meta = json.loads(reply.content[:n])["outputs"][0]
-    assert meta["parameters"]["binary_data_size"] == len(reply.content) - n
-    return np.frombuffer(reply.content[n:], dtype=np.float32).reshape(meta["shape"])
+    assert (BINARY_HEADER in reply.headers) == binary_output
+    return decode_reply(reply)["logits"]
 
 
 def infer_json(url: str, x: np.ndarray) -> np.ndarray:
+    """A client independent of our codec: nested `data` (allowed, see the README), Python's JSON writer."""
     doc = {"id": "req-7", "inputs": [{"name": "input", "datatype": "FP32", "shape": list(x.shape), "data": x.tolist()}]}
     reply = requests.post(url + INFER, json=doc, timeout=30)
     assert reply.status_code == 200, reply.text
@@ -257,32 +238,20 @@ def test_gthread_workers_serve_concurrent_keepalive_clients(tmp_path: Path) -> N
     with running_server(tmp_path, settings, workers=2) as srv:
         x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
         expected = reference(x)
+        request = encode_infer_request({"input": x}, {"input"}, binary_output=True)
         errors: list[str] = []
 
         def client() -> None:
             with requests.Session() as session:  # keep-alive: gthread holds the connection
                 for _ in range(5):
-                    header = json.dumps(
-                        {
-                            "inputs": [
-                                {
-                                    "name": "input",
-                                    "datatype": "FP32",
-                                    "shape": [1, 3, 224, 224],
-                                    "parameters": {"binary_data_size": x.nbytes},
-                                }
-                            ],
-                            "parameters": {"binary_data_output": True},
-                        }
-                    ).encode()
                     reply = session.post(
                         srv.url + INFER,
-                        data=header + x.tobytes(),
-                        headers={"Inference-Header-Content-Length": str(len(header))},
+                        data=request.body,
+                        # no Content-Type, as in the README's client: the binary header alone marks the body
+                        headers={BINARY_HEADER: str(request.header_length)},
                         timeout=30,
                     )
-                    n = int(reply.headers["Inference-Header-Content-Length"])
-                    got = np.frombuffer(reply.content[n:], dtype=np.float32).reshape(1, 1000)
+                    got = decode_reply(reply)["logits"]
                     if not np.allclose(got, expected, rtol=1e-4, atol=1e-4):
                         errors.append("wrong result")
 

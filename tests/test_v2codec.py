@@ -10,7 +10,15 @@ import pytest
 
 from onnxpool.server.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
 from onnxpool.server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
-from onnxpool.server.v2codec import RequestLimits, decode_infer_request, encode_infer_response
+from onnxpool.server.v2codec import (
+    BINARY_HEADER,
+    RequestLimits,
+    decode_infer_request,
+    decode_infer_response,
+    encode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+)
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 LIMITS = RequestLimits(max_batch=8, max_elements=10_000)
@@ -192,3 +200,53 @@ def test_binary_framing_errors(size: int, extra: bytes, header_delta: int | None
         decode_infer_request(raw, model(), LIMITS, header_length=n)
     assert message in info.value.message
     assert 400 <= info.value.status < 500
+
+
+# --- the client side: requests as the tests and the load generator send them ---------------------
+
+
+def test_client_request_headers_and_output_choices() -> None:
+    x = np.zeros((1, 3), np.float32)
+    as_json = encode_infer_request({"x": x}, request_id="r1")
+    assert as_json.headers == {"Content-Type": "application/json"}
+    assert json.loads(as_json.body)["id"] == "r1"
+    everything = encode_infer_request({"x": x}, {"x"}, binary_output=True)
+    assert everything.headers == {
+        "Content-Type": "application/octet-stream",
+        BINARY_HEADER: str(everything.header_length),
+    }
+    decoded = decode_infer_request(everything.body, model(), LIMITS, everything.header_length)
+    assert decoded.output_names is None and decoded.binary_outputs == {"y", "z"}
+    for binary in (True, False):
+        chosen = encode_infer_request({"x": x}, outputs=["z"], binary_output=binary)
+        decoded = decode_infer_request(chosen.body, model(), LIMITS)
+        assert decoded.output_names == ["z"] and decoded.binary_outputs == ({"z"} if binary else set())
+        assert "parameters" not in json.loads(chosen.body)  # per output, not binary_data_output
+
+
+def test_python_floats_carry_the_same_values_in_longer_text() -> None:
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    short = encode_infer_request({"x": x})
+    plain = encode_infer_request({"x": x}, python_floats=True)
+    assert json.loads(plain.body)["inputs"][0]["data"] == x.ravel().tolist()  # what json.dumps(x.tolist()) says
+    assert len(plain.body) > len(short.body)
+    for encoded in (short, plain):
+        np.testing.assert_array_equal(decode_infer_request(encoded.body, model(), LIMITS).inputs["x"], x)
+
+
+def test_client_reply_decoding_refuses_undeclared_bytes() -> None:
+    reply = encode_infer_response("m", "1", None, {"y": np.ones((1, 2), np.float32)}, {"y"})
+    np.testing.assert_array_equal(decode_infer_response(reply.body, reply.header_length)["y"], [[1, 1]])
+    with pytest.raises(BadRequest, match="3 bytes after the last binary output"):
+        decode_infer_response(reply.body + b"abc", reply.header_length)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, None), ("0", 0), (" 17 ", 17)])
+def test_parse_header_length(raw: str | None, expected: int | None) -> None:
+    assert parse_header_length(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "x", "-1", "1.5"])
+def test_parse_header_length_refuses(raw: str) -> None:
+    with pytest.raises(BadRequest, match="must be a non-negative integer"):
+        parse_header_length(raw)

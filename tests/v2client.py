@@ -1,14 +1,15 @@
 """A small Open Inference Protocol v2 binary-tensor client, and a bounded load loop.
 
-Used by the deployment tests (through nginx) and benchmarks/nginx_overhead.py. Every
-reply is checked end to end: status 200, the body as long as Content-Length
-says, the binary output exactly as large as its JSON header declares; a reply
-that fails any check is counted, never silently accepted.
+Used by the deployment, reload and pool tests. Bodies are encoded and replies
+decoded by the server's own client codec (`onnxpool.server.v2codec`); this
+module adds the HTTP checks around it. Every reply is checked end to end:
+status 200, the body as long as Content-Length says, every binary output
+exactly as large as its JSON header declares; a reply that fails any check is
+counted, never silently accepted.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import requests
 
-BINARY_HEADER = "Inference-Header-Content-Length"
+from onnxpool.server.errors import OnnxpoolError
+from onnxpool.server.v2codec import BINARY_HEADER, decode_infer_response, encode_infer_request, parse_header_length
 
 
 @dataclass(frozen=True)
@@ -30,53 +32,39 @@ class InferCall:
 
 
 def binary_infer(model: str, array: np.ndarray, input_name: str = "input", output_name: str = "logits") -> InferCall:
-    """A v2 infer request carrying `array` as binary tensor data and asking for a binary output."""
-    blob = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-    header = {
-        "inputs": [
-            {
-                "name": input_name,
-                "shape": list(array.shape),
-                "datatype": "FP32",
-                "parameters": {"binary_data_size": len(blob)},
-            }
-        ],
-        "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
-    }
-    head = json.dumps(header).encode()
-    return InferCall(
-        path=f"/v2/models/{model}/infer",
-        body=head + blob,
-        headers={BINARY_HEADER: str(len(head)), "Content-Type": "application/octet-stream"},
-        output=output_name,
+    """A v2 infer request carrying `array` as FP32 binary tensor data and asking for a binary output."""
+    encoded = encode_infer_request(
+        {input_name: np.asarray(array, dtype=np.float32)}, {input_name}, binary_output=True, outputs=[output_name]
     )
+    return InferCall(path=f"/v2/models/{model}/infer", body=encoded.body, headers=encoded.headers, output=output_name)
 
 
 class BadReply(Exception):
     """A reply that is not a complete, well-formed 200 infer response."""
 
 
-def parse_binary_reply(response: requests.Response, output: str) -> np.ndarray:
-    """The named FP32 output of a binary infer reply; BadReply if anything is off."""
+def decode_reply(response: requests.Response) -> dict[str, np.ndarray]:
+    """All outputs of a 200 infer reply (JSON or binary), by name; BadReply if anything is off."""
     if response.status_code != 200:
         raise BadReply(f"HTTP {response.status_code}: {response.content[:200]!r}")
     body = response.content
     declared = response.headers.get("Content-Length")
     if declared is not None and int(declared) != len(body):
         raise BadReply(f"truncated: Content-Length {declared}, got {len(body)} bytes")
-    header_length = int(response.headers.get(BINARY_HEADER, "0"))
-    if not 0 < header_length <= len(body):
-        raise BadReply(f"bad {BINARY_HEADER}: {header_length} for {len(body)} bytes")
-    header = json.loads(body[:header_length])
-    offset = header_length
-    for entry in header["outputs"]:
-        size = int(entry["parameters"]["binary_data_size"])
-        if offset + size > len(body):
-            raise BadReply(f"truncated: output {entry['name']} needs {size} bytes, {len(body) - offset} left")
-        if entry["name"] == output:
-            return np.frombuffer(body[offset : offset + size], dtype=np.float32).reshape(entry["shape"])
-        offset += size
-    raise BadReply(f"no output {output!r} in {header}")
+    try:
+        return decode_infer_response(body, parse_header_length(response.headers.get(BINARY_HEADER)))
+    except OnnxpoolError as exc:  # the codec speaks server errors (400); to a client it is a bad reply
+        raise BadReply(exc.message) from None
+
+
+def parse_binary_reply(response: requests.Response, output: str) -> np.ndarray:
+    """The named output of a binary infer reply; BadReply if anything is off."""
+    outputs = decode_reply(response)
+    if BINARY_HEADER not in response.headers:
+        raise BadReply(f"no {BINARY_HEADER}: not a binary reply")
+    if output not in outputs:
+        raise BadReply(f"no output {output!r} in {sorted(outputs)}")
+    return outputs[output]
 
 
 @dataclass
