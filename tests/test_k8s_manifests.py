@@ -1,0 +1,514 @@
+"""Static checks of deploy/k8s: every overlay renders with `kubectl kustomize`,
+validates strictly (unknown fields are errors) against the oldest and newest
+Kubernetes versions we support, and holds the semantics onnxpool relies on.
+
+Each semantic check is a function returning a list of problems; it runs on
+every real overlay (no problems allowed) and on a broken fixture under
+tests/fixtures/k8s/ (it must find the problem), so each check is shown able
+to fail.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s_render import (
+    ALL_OVERLAYS,
+    APP_OVERLAYS,
+    CRD_KINDS,
+    FIXTURES,
+    K8S,
+    K8S_VERSIONS,
+    OVERLAYS,
+    REPO,
+    RenderError,
+    bytes_quantity,
+    container,
+    cpu_quantity,
+    env_of,
+    in_ci,
+    need_tool,
+    objects,
+    one,
+    render,
+)
+
+Docs = list[dict[str, Any]]
+
+
+# Measured (deployment.yaml's comments): RSS of the gunicorn master and of one
+# worker with the demo model, rounded up. Memory limits must cover them plus a
+# memory-backed emptyDir's sizeLimit (tmpfs pages count against the limit).
+MASTER_MEMORY = 96 * 2**20
+WORKER_MEMORY = 160 * 2**20
+HEALTH_LIVE, HEALTH_READY = "/v2/health/live", "/v2/health/ready"
+DEFAULT_GRACEFUL_TIMEOUT = 30
+DEFAULT_TIMEOUT = 30
+DEFAULT_MAX_BODY_BYTES = 16777216
+
+
+@cache
+def rendered(directory: Path) -> Docs:
+    return render(directory)
+
+
+def overlay(name: str) -> Docs:
+    return rendered(OVERLAYS / name)
+
+
+def fixture(name: str) -> Docs:
+    return rendered(FIXTURES / name)
+
+
+def deployment(docs: Docs) -> dict[str, Any]:
+    return one(docs, "Deployment")
+
+
+def pod_labels(docs: Docs) -> dict[str, str]:
+    return deployment(docs)["spec"]["template"]["metadata"].get("labels", {})
+
+
+def selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
+    """A non-empty matchLabels selector that the labels satisfy."""
+    return bool(selector) and all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def settings_toml(docs: Docs) -> dict[str, Any]:
+    """The onnxpool.toml carried by the generated ConfigMap the pod mounts."""
+    volumes = deployment(docs)["spec"]["template"]["spec"].get("volumes", [])
+    names = {v["configMap"]["name"] for v in volumes if "configMap" in v}
+    for cm in objects(docs, "ConfigMap"):
+        if cm["metadata"]["name"] in names and "onnxpool.toml" in cm.get("data", {}):
+            return tomllib.loads(cm["data"]["onnxpool.toml"])
+    return {}
+
+
+def server_setting(docs: Docs, key: str, default: Any) -> Any:
+    c = container(deployment(docs))
+    env = env_of(c)
+    if f"ONNXPOOL_SERVER__{key.upper()}" in env:
+        return env[f"ONNXPOOL_SERVER__{key.upper()}"]
+    return settings_toml(docs).get("server", {}).get(key, default)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_selectors(docs: Docs) -> list[str]:
+    problems = []
+    dep = deployment(docs)
+    labels = pod_labels(docs)
+    if not selects(dep["spec"]["selector"].get("matchLabels"), labels):
+        problems.append("Deployment selector does not match its pod template labels")
+    for svc in objects(docs, "Service"):
+        if not selects(svc["spec"].get("selector"), labels):
+            problems.append(f"Service {svc['metadata']['name']} selector {svc['spec'].get('selector')} != pod labels")
+    for pdb in objects(docs, "PodDisruptionBudget"):
+        if not selects(pdb["spec"].get("selector", {}).get("matchLabels"), labels):
+            problems.append(f"PodDisruptionBudget {pdb['metadata']['name']} does not select the pods")
+    for tsc in dep["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
+        if not selects(tsc.get("labelSelector", {}).get("matchLabels"), labels):
+            problems.append(f"topologySpreadConstraint on {tsc['topologyKey']} does not select the pods")
+    services = objects(docs, "Service")
+    for sm in objects(docs, "ServiceMonitor"):
+        wanted = sm["spec"].get("selector", {}).get("matchLabels")
+        if not any(selects(wanted, s["metadata"].get("labels", {})) for s in services):
+            problems.append(f"ServiceMonitor {sm['metadata']['name']} selects no Service")
+    return problems
+
+
+def check_ports(docs: Docs) -> list[str]:
+    problems = []
+    dep = deployment(docs)
+    c = container(dep)
+    port_names = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
+    port_numbers = set(port_names.values())
+
+    def resolves(port: int | str) -> bool:
+        return port in port_names if isinstance(port, str) else port in port_numbers
+
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        port = c.get(probe, {}).get("httpGet", {}).get("port")
+        if port is not None and not resolves(port):
+            problems.append(f"{probe} port {port!r} is not a container port")
+    services = objects(docs, "Service")
+    for svc in services:
+        for sp in svc["spec"].get("ports", []):
+            if not resolves(sp.get("targetPort", sp["port"])):
+                problems.append(f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} unresolved")
+    service_ports = {s["metadata"]["name"]: s["spec"].get("ports", []) for s in services}
+    for ing in objects(docs, "Ingress"):
+        for rule in ing["spec"].get("rules", []):
+            for path in rule.get("http", {}).get("paths", []):
+                backend = path["backend"]["service"]
+                ports = service_ports.get(backend["name"])
+                wanted = backend["port"]
+                if ports is None:
+                    problems.append(f"Ingress backend Service {backend['name']} does not exist")
+                elif not any(p.get("name") == wanted.get("name") or p["port"] == wanted.get("number") for p in ports):
+                    problems.append(f"Ingress backend port {wanted} is not a port of Service {backend['name']}")
+    for sm in objects(docs, "ServiceMonitor"):
+        for ep in sm["spec"].get("endpoints", []):
+            if not any(ep.get("port") == p.get("name") for ports in service_ports.values() for p in ports):
+                problems.append(f"ServiceMonitor endpoint port {ep.get('port')!r} is not a named Service port")
+    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
+    if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) not in port_numbers:
+        problems.append(f"prometheus.io/port {annotations['prometheus.io/port']} is not a container port")
+    bind = env_of(c).get("ONNXPOOL_SERVER__BIND", "")
+    if bind and int(bind.rsplit(":", 1)[1]) not in port_numbers:
+        problems.append(f"ONNXPOOL_SERVER__BIND {bind} does not listen on a container port")
+    return problems
+
+
+def _count(value: int | str, total: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        share = int(value[:-1]) * total / 100
+        return math.ceil(share) if round_up else math.floor(share)
+    return int(value)
+
+
+def check_hpa_pdb(docs: Docs) -> list[str]:
+    problems = []
+    dep = deployment(docs)
+    hpas = objects(docs, "HorizontalPodAutoscaler")
+    if not hpas:
+        problems.append("no HorizontalPodAutoscaler")
+    min_replicas = dep["spec"].get("replicas", 1)
+    for hpa in hpas:
+        ref = hpa["spec"]["scaleTargetRef"]
+        if (ref.get("apiVersion"), ref["kind"], ref["name"]) != ("apps/v1", "Deployment", dep["metadata"]["name"]):
+            problems.append(f"HPA targets {ref}, not Deployment {dep['metadata']['name']}")
+        min_replicas = hpa["spec"].get("minReplicas", 1)
+        if hpa["spec"]["maxReplicas"] < min_replicas:
+            problems.append("HPA maxReplicas < minReplicas")
+    pdbs = objects(docs, "PodDisruptionBudget")
+    if not pdbs:
+        problems.append("no PodDisruptionBudget")
+    for pdb in pdbs:
+        spec = pdb["spec"]
+        if not selects(spec.get("selector", {}).get("matchLabels"), pod_labels(docs)):
+            problems.append("PDB does not target the Deployment's pods")
+        if "minAvailable" in spec:
+            available = _count(spec["minAvailable"], min_replicas, round_up=True)
+            allowed = min_replicas - available
+        else:
+            allowed = _count(spec.get("maxUnavailable", 0), min_replicas, round_up=True)
+            available = min_replicas - allowed
+        if allowed < 1:
+            problems.append(f"PDB allows no disruption at {min_replicas} replicas: node drains would block")
+        if available < 1:
+            problems.append(f"PDB lets every one of {min_replicas} replicas go at once")
+    return problems
+
+
+def check_resources(docs: Docs) -> list[str]:
+    """Requests/limits match the worker layout the overlay promises."""
+    problems = []
+    dep = deployment(docs)
+    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
+    layout, workers = annotations.get("onnxpool.io/cpu-layout"), annotations.get("onnxpool.io/workers")
+    res = container(dep).get("resources", {})
+    req, lim = res.get("requests", {}), res.get("limits", {})
+    if layout not in ("pinned", "unpinned") or workers is None:
+        return ["pod template lacks onnxpool.io/cpu-layout (pinned|unpinned) and onnxpool.io/workers"]
+    if "cpu" not in lim or "memory" not in lim or "cpu" not in req or "memory" not in req:
+        return ["cpu and memory requests and limits must all be set"]
+    cpu = cpu_quantity(lim["cpu"])
+    guaranteed = all(str(req[k]) == str(lim[k]) for k in ("cpu", "memory"))
+    whole = cpu == int(cpu)
+    if layout == "pinned":
+        if not (guaranteed and whole):
+            problems.append(f"pinned needs Guaranteed QoS with whole CPUs: requests {req} limits {lim}")
+        expected = int(cpu)
+    else:
+        if whole and guaranteed:
+            problems.append("unpinned layout but whole-CPU Guaranteed resources (static CPU manager would pin)")
+        expected = max(1, math.floor(cpu))
+    if int(workers) != expected:
+        problems.append(f"onnxpool.io/workers {workers} but limits.cpu {lim['cpu']} gives {expected} ({layout})")
+    tmpfs = sum(
+        bytes_quantity(v["emptyDir"].get("sizeLimit", 0))
+        for v in dep["spec"]["template"]["spec"].get("volumes", [])
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+    )
+    need = MASTER_MEMORY + expected * WORKER_MEMORY + tmpfs
+    if bytes_quantity(lim["memory"]) < need:
+        problems.append(f"limits.memory {lim['memory']} < master + {expected} workers + tmpfs = {need >> 20}Mi")
+    if bytes_quantity(req["memory"]) != bytes_quantity(lim["memory"]):
+        problems.append("memory request != limit: a worker OOM-killed under node pressure restarts its model load")
+    return problems
+
+
+def check_grace(docs: Docs) -> list[str]:
+    problems = []
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    c = container(deployment(docs))
+    command = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    sleep = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds")
+    if sleep is None and len(command) == 2 and command[0].endswith("sleep"):
+        sleep = int(command[1])
+    if sleep is None:
+        return ["no preStop sleep: requests still routed to a terminating pod get refused"]
+    graceful = int(server_setting(docs, "graceful_timeout", DEFAULT_GRACEFUL_TIMEOUT))
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    if not grace > sleep + graceful:
+        problems.append(f"terminationGracePeriodSeconds {grace} <= preStop {sleep} + graceful_timeout {graceful}")
+    timeout = int(server_setting(docs, "timeout", DEFAULT_TIMEOUT))
+    live = c.get("livenessProbe", {})
+    # The earliest kill: the first failed probe's timeout, then failureThreshold - 1 more periods.
+    live_budget = (live.get("failureThreshold", 3) - 1) * live.get("periodSeconds", 10) + live.get("timeoutSeconds", 1)
+    if live_budget <= timeout:
+        problems.append(f"liveness budget {live_budget}s <= server.timeout {timeout}s: kubelet kills before gunicorn")
+    start = c.get("startupProbe", {})
+    if start.get("periodSeconds", 10) * start.get("failureThreshold", 3) < 20:
+        problems.append("startup budget under 20 s (10x the measured model load + warm-up)")
+    return problems
+
+
+def _under(path: str, mounts: list[str]) -> bool:
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
+def check_writable(docs: Docs) -> list[str]:
+    problems = []
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    c = container(deployment(docs))
+    if c.get("securityContext", {}).get("readOnlyRootFilesystem") is not True:
+        problems.append("readOnlyRootFilesystem is not true")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    writable = []
+    for m in c.get("volumeMounts", []):
+        if m["name"] not in volumes:
+            problems.append(f"volumeMount {m['name']} has no volume")
+        elif "emptyDir" in volumes[m["name"]] and not m.get("readOnly"):
+            writable.append(m["mountPath"])
+    env = env_of(c)
+    toml = settings_toml(docs)
+    paths = {k: env.get(k, "") for k in ("ONNXPOOL_SERVER__RUN_DIR", "TMPDIR", "HOME")}
+    paths["metrics.dir"] = env.get("ONNXPOOL_METRICS__DIR", toml.get("metrics", {}).get("dir", ""))
+    paths["server.pidfile"] = toml.get("server", {}).get("pidfile", "")
+    paths["server.control_socket"] = toml.get("server", {}).get("control_socket", "")
+    if not paths["ONNXPOOL_SERVER__RUN_DIR"]:
+        problems.append("ONNXPOOL_SERVER__RUN_DIR unset: the server would write to the read-only root")
+    for what, path in paths.items():
+        if path and not _under(path, writable):
+            problems.append(f"{what} = {path} is not on a writable emptyDir ({writable})")
+    return problems
+
+
+def check_security(docs: Docs) -> list[str]:
+    problems = []
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    pod, sc = spec.get("securityContext", {}), container(deployment(docs)).get("securityContext", {})
+    uid = sc.get("runAsUser", pod.get("runAsUser"))
+    if not (sc.get("runAsNonRoot", pod.get("runAsNonRoot")) is True and isinstance(uid, int) and uid > 0):
+        problems.append(f"not runAsNonRoot with a numeric non-zero uid (uid {uid!r})")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        problems.append("allowPrivilegeEscalation is not false")
+    if sc.get("privileged"):
+        problems.append("privileged")
+    if "ALL" not in sc.get("capabilities", {}).get("drop", []) or sc.get("capabilities", {}).get("add"):
+        problems.append("capabilities: must drop ALL and add none")
+    seccomp = sc.get("seccompProfile", pod.get("seccompProfile", {}))
+    if seccomp.get("type") != "RuntimeDefault":
+        problems.append("seccompProfile is not RuntimeDefault")
+    if spec.get("automountServiceAccountToken") is not False:
+        problems.append("the pod mounts a service account token it never uses")
+    if not spec.get("serviceAccountName") or not any(
+        sa["metadata"]["name"] == spec["serviceAccountName"] for sa in objects(docs, "ServiceAccount")
+    ):
+        problems.append("serviceAccountName does not name the ServiceAccount shipped with it")
+    return problems
+
+
+def served_routes() -> set[str]:
+    """Paths the app registers (route decorators in the package sources)."""
+    routes = set()
+    pattern = re.compile(r"""\.(?:get|post|route)\(\s*["'](/[^"']*)["']""")
+    for py in REPO.rglob("*.py"):
+        rel = py.relative_to(REPO).parts
+        if rel[0] in ("tests", "deploy", "bench", ".venv", "build", "dist") or "site-packages" in rel:
+            continue
+        routes.update(pattern.findall(py.read_text(encoding="utf-8", errors="replace")))
+    return routes
+
+
+def check_probes(docs: Docs) -> list[str]:
+    problems = []
+    c = container(deployment(docs))
+    wanted = {"startupProbe": HEALTH_READY, "readinessProbe": HEALTH_READY, "livenessProbe": HEALTH_LIVE}
+    routes = served_routes()
+    for probe, path in wanted.items():
+        got = c.get(probe, {}).get("httpGet", {}).get("path")
+        if got != path:
+            problems.append(f"{probe} path {got!r}, expected {path}")
+        elif got not in routes:
+            problems.append(f"{probe} path {got} is not a route the app serves")
+    return problems
+
+
+def check_scrape(docs: Docs) -> list[str]:
+    annotations = deployment(docs)["spec"]["template"]["metadata"].get("annotations", {})
+    scraped = annotations.get("prometheus.io/scrape") == "true" and annotations.get("prometheus.io/path") == "/metrics"
+    monitors = objects(docs, "ServiceMonitor")
+    if monitors and scraped:
+        return ["both a ServiceMonitor and prometheus.io annotations: every pod scraped twice"]
+    if not monitors and not scraped:
+        return ["no prometheus.io/scrape annotations (path /metrics) and no ServiceMonitor"]
+    if any(ep.get("path", "/metrics") != "/metrics" for m in monitors for ep in m["spec"].get("endpoints", [])):
+        return ["ServiceMonitor path is not /metrics"]
+    return []
+
+
+def _nginx_size(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", text.strip())
+    assert match, f"bad nginx size {text!r}"
+    return int(match.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[match.group(2).lower()]
+
+
+def check_ingress(docs: Docs) -> list[str]:
+    problems = []
+    body = int(server_setting(docs, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    timeout = int(server_setting(docs, "timeout", DEFAULT_TIMEOUT))
+    prefix = "nginx.ingress.kubernetes.io/"
+    for ing in objects(docs, "Ingress"):
+        ann = ing["metadata"].get("annotations", {})
+        size = ann.get(prefix + "proxy-body-size")
+        if size is None or _nginx_size(size) != body:
+            problems.append(f"proxy-body-size {size!r} != server.max_body_bytes {body}")
+        for key in ("proxy-read-timeout", "proxy-send-timeout"):
+            if ann.get(prefix + key) != str(timeout):
+                problems.append(f"{key} {ann.get(prefix + key)!r} != server.timeout {timeout}")
+    return problems
+
+
+CHECKS: dict[str, Callable[[Docs], list[str]]] = {
+    "selectors": check_selectors,
+    "ports": check_ports,
+    "hpa_pdb": check_hpa_pdb,
+    "resources": check_resources,
+    "grace": check_grace,
+    "writable": check_writable,
+    "security": check_security,
+    "probes": check_probes,
+    "scrape": check_scrape,
+    "ingress": check_ingress,
+}
+
+# fixture folder -> (check that must catch it, words its message must contain)
+NEGATIVE = {
+    "bad-selector": ("selectors", "Service"),
+    "bad-port": ("ports", "readinessProbe port"),
+    "bad-pdb": ("hpa_pdb", "allows no disruption"),
+    "bad-hpa": ("hpa_pdb", "HPA targets"),
+    "bad-qos": ("resources", "Guaranteed"),
+    "bad-memory": ("resources", "limits.memory"),
+    "bad-grace": ("grace", "terminationGracePeriodSeconds"),
+    "bad-writable": ("writable", "TMPDIR"),
+    "bad-rootfs": ("writable", "readOnlyRootFilesystem"),
+    "bad-security": ("security", "allowPrivilegeEscalation"),
+    "bad-probe": ("probes", "livenessProbe path"),
+    "bad-ingress": ("ingress", "proxy-body-size"),
+    "bad-scrape": ("scrape", "scraped twice"),
+}
+
+
+# ------------------------------------------------------------------- tests
+
+
+def test_kubectl_is_required_in_ci(monkeypatch):
+    """A missing kubectl (or any CI tool) is a failure under CI=true, not a skip."""
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must install it"):
+        need_tool("kubectl-that-does-not-exist")
+
+
+@pytest.mark.parametrize("name", ALL_OVERLAYS)
+def test_overlay_renders(name):
+    assert overlay(name), f"overlay {name} rendered nothing"
+
+
+def test_broken_kustomization_fails_to_render():
+    with pytest.raises(RenderError, match="kubectl kustomize"):
+        render(FIXTURES / "bad-render")
+
+
+def validate_docs(docs: Docs, version: str) -> list[str]:
+    try:
+        import kubernetes_validate as kv
+    except ImportError:
+        if in_ci():
+            pytest.fail("kubernetes-validate not installed: CI must install it (deploy/requirements-ci.txt)")
+        pytest.skip("kubernetes-validate not installed")
+
+    problems = []
+    for doc in docs:
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        if key in CRD_KINDS:
+            problems += check_custom_resource(doc)
+            continue
+        try:
+            kv.validate(doc, version, strict=True)
+        except (kv.ValidationError, kv.SchemaNotFoundError, kv.InvalidSchemaError) as error:
+            problems.append(f"{key[1]}/{doc.get('metadata', {}).get('name')} @ {version}: {error}")
+    return problems
+
+
+def check_custom_resource(doc: dict[str, Any]) -> list[str]:
+    """Custom resources (no bundled schema): the fields we rely on exist."""
+    spec = doc.get("spec", {})
+    if doc["kind"] == "ServiceMonitor":
+        ok = spec.get("selector", {}).get("matchLabels") and all("port" in e for e in spec.get("endpoints", [{}]))
+    else:
+        ok = spec.get("containers") and spec.get("supportedModelFormats") and "v2" in spec.get("protocolVersions", [])
+    return [] if ok else [f"{doc['kind']} lacks required fields"]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", ["base", *ALL_OVERLAYS])
+def test_overlay_validates_strictly(name, version):
+    docs = rendered(K8S / "base") if name == "base" else overlay(name)
+    assert validate_docs(docs, version) == []
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_strict_validation_catches_unknown_fields(version):
+    problems = validate_docs(fixture("bad-schema"), version)
+    assert any("Deployment/onnxpool" in p for p in problems), problems
+    assert any("Widget" in p for p in problems), "an unknown kind must fail, not pass unchecked"
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("name", APP_OVERLAYS)
+def test_overlay_semantics(name, check):
+    assert CHECKS[check](overlay(name)) == []
+
+
+@pytest.mark.parametrize("name", NEGATIVE)
+def test_semantic_check_catches_fixture(name):
+    check, words = NEGATIVE[name]
+    problems = CHECKS[check](fixture(name))
+    assert any(words in p for p in problems), f"{check} missed {name}: {problems}"
+
+
+def test_every_semantic_check_has_a_negative_fixture():
+    assert set(CHECKS) == {check for check, _ in NEGATIVE.values()}
+    assert {p.name for p in FIXTURES.iterdir() if p.is_dir()} >= set(NEGATIVE)
+
+
+def test_overlays_choose_the_cpu_layouts_they_promise():
+    def layout(name: str) -> str:
+        return deployment(overlay(name))["spec"]["template"]["metadata"]["annotations"]["onnxpool.io/cpu-layout"]
+
+    assert layout("pinned") == "pinned"
+    assert layout("shared") == "unpinned"
+    assert objects(overlay("monitoring"), "ServiceMonitor")
+    assert objects(overlay("ingress-nginx"), "Ingress")
