@@ -21,8 +21,6 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # ---------------------------------------------------------------- build stage
 FROM ${BASE_IMAGE} AS build
 
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-
 # Versions pinned to Debian 12's; they change only with a Debian point release.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \

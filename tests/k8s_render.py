@@ -78,7 +78,7 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def container(deployment: dict[str, Any], name: str = "onnxpool") -> dict[str, Any]:
     for c in deployment["spec"]["template"]["spec"]["containers"]:
         if c["name"] == name:
-            return c
+            return dict(c)
     raise AssertionError(f"no container {name!r} in Deployment {deployment['metadata']['name']}")
 
 

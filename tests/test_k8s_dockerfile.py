@@ -11,8 +11,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.k8s_render import OVERLAYS, REPO, container, need_tool, one, render
 
 DOCKERFILE = REPO / "Dockerfile"
