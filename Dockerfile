@@ -54,12 +54,21 @@ FROM ${BASE_IMAGE} AS runtime
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3=3.11.2-1+b1 \
- && rm -rf /var/lib/apt/lists/* \
- && mkdir -p /run/onnxpool /models \
- && chown 10001:10001 /run/onnxpool \
- && chmod 0700 /run/onnxpool
+ && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/onnxpool /opt/onnxpool
+
+# /models: the demo model's files (package data) linked in, so a config saying
+# /models/model.onnx (the Kubernetes ConfigMap does) serves the demo until you
+# mount your own model over /models. Found by name, wherever the package keeps it.
+RUN model="$(find /opt/onnxpool/lib -path '*/efficientnet-lite0/model.onnx' -print -quit)" \
+ && test -n "$model" \
+ && mkdir -p /run/onnxpool /models \
+ && ln -s "$model" /models/model.onnx \
+ && ln -s "$(dirname "$model")/labels.txt" /models/labels.txt \
+ && test -s /models/labels.txt \
+ && chown 10001:10001 /run/onnxpool \
+ && chmod 0700 /run/onnxpool
 
 LABEL org.opencontainers.image.title="onnxpool" \
       org.opencontainers.image.description="ONNX model server: pre-fork gunicorn workers, one onnxruntime session each" \

@@ -219,7 +219,7 @@ def podman_run_args(dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, w
         vol = volumes[m["name"]]
         if "emptyDir" in vol:
             size = memory(str(vol["emptyDir"].get("sizeLimit", "256Mi")))
-            args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777,uid={uid},gid={gid}"]
+            args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777"]
         elif "configMap" in vol:
             folder = workdir / m["name"]
             folder.mkdir()
