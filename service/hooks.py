@@ -10,9 +10,11 @@ happen where they do; docs/ARCHITECTURE.md):
   logged and the running generation stays. No onnxruntime session exists in the
   master, so nothing with a thread pool crosses a fork.
 - master, `pre_fork`: the new worker is given a slot (a disjoint core share).
-- worker, `post_fork`: pin to the slot's cores, build the ONE session with
-  intra-op threads = share size, warm it up, and serve the generation's app;
-  only then gunicorn's worker loop starts accepting requests.
+- worker, `post_fork`: pin to the slot's cores when the layout is pinned (the
+  cores are the process's own; not when the affinity mask is wider than the
+  cgroup quota, workers/cores.py), build the ONE session with intra-op threads
+  = share size, warm it up, and serve the generation's app; only then
+  gunicorn's worker loop starts accepting requests.
 - master, `child_exit`: the slot is freed for the replacement; the dead
   worker's live metric gauges are dropped and the restart is counted.
 
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.settings import Settings
-from onnxpool.workers.cores import Layout, cgroup_cpu_limit
+from onnxpool.workers.cores import Layout
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
 from onnxpool.workers.run_folder import RunFolder
@@ -148,14 +150,14 @@ def serving() -> Serving:
 def on_starting(server: Any) -> None:
     s = serving()
     layout, settings = s.layout, s.settings
-    limit = cgroup_cpu_limit()
+    quota = layout.allowance.quota
     log.info(
-        "onnxpool: model %s (%s); usable cores %s (affinity %s, cgroup CPU limit %s) -> %d workers x %d threads",
+        "onnxpool: model %s (%s); cpu: %s; affinity %s, cgroup CPU limit %s -> %d workers x %d threads",
         settings.model.name,
         settings.model.path,
-        list(layout.cores),
-        sorted(os.sched_getaffinity(0)),
-        f"{limit:g}" if limit else "none",
+        layout.cpu_mode,
+        _core_list(layout.cores),
+        f"{quota:g}" if quota is not None else "none",
         layout.workers,
         layout.threads,
     )
@@ -163,6 +165,17 @@ def on_starting(server: Any) -> None:
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
     _publish_build_info(s, layout.workers)
+
+
+def _core_list(cores: tuple[int, ...]) -> str:
+    """Core ids as ranges ("0-63" rather than 64 numbers) for log lines."""
+    ranges: list[str] = []
+    for core in cores:
+        if ranges and ranges[-1].rpartition("-")[2] == str(core - 1):
+            ranges[-1] = f"{ranges[-1].partition('-')[0]}-{core}"
+        else:
+            ranges.append(str(core))
+    return ",".join(ranges) or "none"
 
 
 def _publish_build_info(s: Serving, workers: int) -> None:
@@ -178,15 +191,15 @@ def _publish_build_info(s: Serving, workers: int) -> None:
 
 
 def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
-    if workers * layout.threads > len(layout.cores):
+    if workers * layout.threads > layout.cpus:
         log.warning(
-            "OVERSUBSCRIBED: %d workers x %d threads = %d threads on %d usable cores; "
+            "OVERSUBSCRIBED: %d workers x %d threads = %d threads on %d usable CPUs; "
             "workers will share cores and throughput drops. Set workers x threads_per_worker <= %d.",
             workers,
             layout.threads,
             workers * layout.threads,
-            len(layout.cores),
-            len(layout.cores),
+            layout.cpus,
+            layout.cpus,
         )
 
 
@@ -197,12 +210,16 @@ def pre_fork(server: Any, worker: Any) -> None:
 def post_fork(server: Any, worker: Any) -> None:
     s = serving()
     slot: int = getattr(worker, SLOT_ATTRIBUTE)
-    cores = s.layout.core_share_for(slot)
-    os.sched_setaffinity(0, cores)
+    layout = s.layout
+    if layout.pinned:
+        cores = ",".join(map(str, layout.core_share_for(slot)))
+        os.sched_setaffinity(0, layout.core_share_for(slot))
+    else:  # the mask is wider than the quota: other pods' cores; let the kernel place us
+        cores = f"unpinned ({_core_list(layout.cores)})"
     model = s.settings.model
     report = RUNTIME.load(
         s.generation.model_file,
-        intra_op_threads=len(cores),
+        intra_op_threads=layout.share_size,
         spin=s.settings.server.spin,
         optimization=model.graph_optimization_level,
         warmup_runs=model.warmup_runs,
@@ -215,7 +232,7 @@ def post_fork(server: Any, worker: Any) -> None:
         "(first %.1f ms, last %.1f ms)",
         slot,
         os.getpid(),
-        ",".join(map(str, cores)),
+        cores,
         RUNTIME.intra_op_threads,
         report.load_seconds * 1000,
         len(runs),

@@ -1,9 +1,16 @@
-"""Which cores this server may use, and which of them each worker slot gets.
+"""Which cores this server may use, whether workers pin to them, and which share each slot gets.
 
-"Usable cores" is the inherited affinity mask (taskset, cpuset) further cut to
-the cgroup CPU quota (a container limited to 2 CPUs on a 64-core node gets 2),
-so the default worker count is right on bare metal and in pods alike. This
-module does no process changes; the post_fork hook applies what it computes.
+Two limits reach a process: the inherited affinity mask (taskset, cpusets, the
+kubelet's static CPU manager) and the cgroup CPU quota (`cpu.max` on v2,
+`cpu.cfs_quota_us` on v1; a pod's `limits.cpu`). Workers pin to core ids only
+when the cores are this process's own: the affinity mask is no larger than the
+quota (or there is no quota), as on bare metal, under taskset, or in a
+Guaranteed pod with the static CPU manager. When the mask is wider than the
+quota (Kubernetes' default CPU manager: the node's whole shared pool plus a CFS
+quota), pinning would stack the workers on cores other pods run on, so they are
+NOT pinned; the worker count and thread pools are sized from the quota (its
+floor, at least 1) and the kernel spreads them, throttled by the quota.
+This module does no process changes; the post_fork hook applies what it computes.
 
 Slots (bookkeeping in the gunicorn master): which core share each worker holds.
 
@@ -92,39 +99,103 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGR
     return min(limits) if limits else None
 
 
-def usable_cores(affinity: list[int] | None = None, cpu_limit: float | bool | None = False) -> list[int]:
-    """The cores workers are spread over: the affinity mask, cut to ceil(cgroup quota).
+_EPSILON = 1e-9
 
-    `cpu_limit=False` means "read it from the cgroup files"; pass a number or None
-    to decide it (tests do).
+
+@dataclass(frozen=True)
+class CpuAllowance:
+    """The affinity mask and the cgroup CPU quota (in CPUs, None = no quota) of this process."""
+
+    affinity: tuple[int, ...]
+    quota: float | None
+
+    @property
+    def own_cores(self) -> bool:
+        """The cores are this process's own (pin to them): the mask is no larger than the quota."""
+        return self.quota is None or len(self.affinity) <= self.quota + _EPSILON
+
+    @property
+    def cpus(self) -> int:
+        """CPUs' worth of compute to size workers from: the mask when owned, else floor(quota) (>= 1)."""
+        if self.own_cores or self.quota is None:
+            return max(1, len(self.affinity))
+        return max(1, math.floor(self.quota + _EPSILON))
+
+
+def cpu_allowance(affinity: list[int] | None = None, cpu_limit: float | bool | None = False) -> CpuAllowance:
+    """This process's allowance; `cpu_limit=False` reads the quota from the cgroup files.
+
+    Pass `affinity` and a number or None as `cpu_limit` to decide them (tests do).
     """
     cores = affinity_cores() if affinity is None else sorted(affinity)
     limit = cgroup_cpu_limit() if cpu_limit is False else cpu_limit
-    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
-        cores = cores[: max(1, math.ceil(limit - 1e-9))]
-    return cores
+    quota = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
+    return CpuAllowance(affinity=tuple(cores), quota=quota)
+
+
+def usable_cores(affinity: list[int] | None = None, cpu_limit: float | bool | None = False) -> list[int]:
+    """As many cores as the allowance is worth (the whole mask when it is owned), lowest first.
+
+    For tools that count or pin cores themselves (bench); the server plans from
+    `cpu_allowance()` so that it can decide not to pin.
+    """
+    allowance = cpu_allowance(affinity, cpu_limit)
+    return list(allowance.affinity[: allowance.cpus])
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How the usable cores are split: `workers` processes x `threads` cores each."""
+    """How the CPUs are split: `workers` processes x `threads` each, pinned to core shares or not.
 
-    cores: tuple[int, ...]
+    Pinned (the cores are owned): each slot gets a disjoint share of `cores`.
+    Unpinned (the mask is wider than the quota): no worker is pinned, the kernel
+    schedules them anywhere in the mask, and floor(quota) is what the layout is
+    sized from.
+    """
+
+    allowance: CpuAllowance
     workers: int
     threads: int
 
     @property
+    def cores(self) -> tuple[int, ...]:
+        """The affinity mask."""
+        return self.allowance.affinity
+
+    @property
+    def pinned(self) -> bool:
+        """Workers pin to their core share (post_fork follows this)."""
+        return self.allowance.own_cores
+
+    @property
+    def cpus(self) -> int:
+        """CPUs the layout is sized for: the cores when pinned, floor(quota) when not."""
+        return self.allowance.cpus
+
+    @property
     def slots(self) -> int:
-        """Number of disjoint core shares (at least 1)."""
-        return max(1, len(self.cores) // self.threads)
+        """Number of disjoint shares (at least 1)."""
+        return max(1, self.cpus // self.threads)
+
+    @property
+    def share_size(self) -> int:
+        """Threads of one worker's share: its intra-op thread count (never more than the CPUs)."""
+        return min(self.threads, self.cpus)
 
     @property
     def oversubscribed(self) -> bool:
-        """More threads than cores: throughput drops; allowed, with a loud warning."""
-        return self.workers * self.threads > len(self.cores)
+        """More threads than CPUs: throughput drops; allowed, with a loud warning."""
+        return self.workers * self.threads > self.cpus
+
+    @property
+    def cpu_mode(self) -> str:
+        """For the startup log line: `pinned` or `unpinned (affinity N cores > quota Q)`."""
+        if self.pinned:
+            return "pinned"
+        return f"unpinned (affinity {len(self.cores)} cores > quota {self.allowance.quota:g})"
 
     def core_share_for(self, slot: int) -> tuple[int, ...]:
-        """The cores slot `slot` is pinned to; slots past the last share wrap around."""
+        """The cores slot `slot` is pinned to (pinned layouts); slots past the last share wrap around."""
         n = len(self.cores)
         if self.threads >= n:
             return self.cores
@@ -132,13 +203,17 @@ class Layout:
         return tuple(self.cores[(start + j) % n] for j in range(self.threads))
 
 
-def plan_layout(cores: list[int], workers: int | str, threads: int | str) -> Layout:
-    """Resolve "auto" worker and thread counts against the usable cores.
+def plan_layout(cpus: CpuAllowance | list[int], workers: int | str, threads: int | str) -> Layout:
+    """Resolve "auto" worker and thread counts, and whether to pin.
 
-    Both auto: one single-threaded worker per core (the fastest layout for most
-    CPU models, see docs/ARCHITECTURE.md). One given: the other fills the cores.
+    `cpus` is the process's allowance (the server) or a list of cores to pin to
+    (tools, tests). Both auto: one single-threaded worker per CPU (the fastest
+    layout for most CPU models, see docs/ARCHITECTURE.md). One given: the other
+    fills the CPUs. An allowance whose mask is wider than its quota gives an
+    unpinned layout sized from floor(quota).
     """
-    n = max(1, len(cores))
+    allowance = cpus if isinstance(cpus, CpuAllowance) else CpuAllowance(affinity=tuple(cpus), quota=None)
+    n = allowance.cpus
     if isinstance(threads, int):
         t = threads
     elif isinstance(workers, int):
@@ -146,7 +221,7 @@ def plan_layout(cores: list[int], workers: int | str, threads: int | str) -> Lay
     else:
         t = 1
     w = workers if isinstance(workers, int) else max(1, n // t)
-    return Layout(cores=tuple(cores), workers=w, threads=t)
+    return Layout(allowance=allowance, workers=w, threads=t)
 
 
 class SlotTable:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.workers.cores import Layout, SlotTable, plan_layout, usable_cores
+from onnxpool.workers.cores import Layout, SlotTable, cpu_allowance, plan_layout
 from onnxpool.workers.model_info import ModelInfo
 from onnxpool.workers.preflight import ModelError, preflight
 from onnxpool.workers.run_folder import RunFolder
@@ -57,7 +57,7 @@ class Pool:
         settings = loaded.settings
         model, model_file = self._validated_model(settings)
         server = settings.server
-        layout = plan_layout(usable_cores(), server.workers, server.threads_per_worker)
+        layout = plan_layout(cpu_allowance(), server.workers, server.threads_per_worker)
         return Generation(loaded=loaded, model=model, model_file=model_file, layout=layout)
 
     def adopt(self, generation: Generation) -> None:
