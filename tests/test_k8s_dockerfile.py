@@ -71,7 +71,7 @@ def contract_problems(path: Path) -> list[str]:
         argv = None
     if not (isinstance(argv, list) and argv[-2:] and Path(argv[0]).name == "onnxpool" and argv[1:] == ["serve"]):
         problems.append(f"ENTRYPOINT must be exec form [.../onnxpool, serve], got {entry[-1:] or None}")
-    env = {}
+    env: dict[str, str] = {}
     for word, rest in final:
         if word == "ENV":
             for item in shlex.split(rest):
@@ -146,7 +146,7 @@ def test_contract_check_catches_a_bad_dockerfile():
 def test_run_dir_is_the_pods_writable_volume():
     """The image's run dir is where the Deployment mounts its emptyDir, and the pod runs the image's uid."""
     final = instructions(DOCKERFILE)
-    env = {}
+    env: dict[str, str] = {}
     for word, rest in final:
         if word == "ENV":
             env.update(item.partition("=")[::2] for item in shlex.split(rest))

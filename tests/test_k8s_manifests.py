@@ -73,7 +73,8 @@ def deployment(docs: Docs) -> dict[str, Any]:
 
 
 def pod_labels(docs: Docs) -> dict[str, str]:
-    return deployment(docs)["spec"]["template"]["metadata"].get("labels", {})
+    labels: dict[str, str] = deployment(docs)["spec"]["template"]["metadata"].get("labels", {})
+    return labels
 
 
 def selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
@@ -506,7 +507,7 @@ def test_every_semantic_check_has_a_negative_fixture():
 
 def test_overlays_choose_the_cpu_layouts_they_promise():
     def layout(name: str) -> str:
-        return deployment(overlay(name))["spec"]["template"]["metadata"]["annotations"]["onnxpool.io/cpu-layout"]
+        return str(deployment(overlay(name))["spec"]["template"]["metadata"]["annotations"]["onnxpool.io/cpu-layout"])
 
     assert layout("pinned") == "pinned"
     assert layout("shared") == "unpinned"
