@@ -34,20 +34,29 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_NO_INPUT=1
 
 WORKDIR /src
-COPY . /src
 
-# The wheel (its demo model, default onnxpool.toml and gunicorn config are
-# package data), then a venv with it and its dependencies from PyPI. The venv
-# lives at the same path in the runtime stage, so its scripts keep working.
+# The dependencies first, in their own layer: it is rebuilt only when setup.cfg
+# changes, not on every source edit. The list is setup.cfg's install_requires.
 # A build secret "host-ca" (a CA bundle) is used for pip's TLS when given.
+COPY setup.cfg /src/setup.cfg
 RUN --mount=type=secret,id=host-ca \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
  && python3 -m venv /opt/onnxpool \
+ && python3 -c "import configparser; c = configparser.ConfigParser(); c.read('setup.cfg'); print(c['options']['install_requires'])" > /tmp/requirements.txt \
+ && /opt/onnxpool/bin/pip install -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
+
+# Then the wheel (its demo model, default onnxpool.toml and gunicorn config are
+# package data) into the same venv; its dependencies are already there. The
+# venv lives at the same path in the runtime stage, so its scripts keep working.
+COPY . /src
+RUN --mount=type=secret,id=host-ca \
+    if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
  && /opt/onnxpool/bin/pip wheel --no-deps -w /tmp/dist /src \
  && /opt/onnxpool/bin/pip install /tmp/dist/onnxpool-*.whl \
  && /opt/onnxpool/bin/pip uninstall -y pip setuptools \
  && rm -rf /tmp/dist \
- && /opt/onnxpool/bin/python -c "import onnxpool.server, onnxpool.workers, onnxpool.config"
+ && /opt/onnxpool/bin/python -c "import onnxpool.server, onnxpool.workers, onnxpool.config, onnxpool.models"
 
 # -------------------------------------------------------------- runtime stage
 FROM ${BASE_IMAGE} AS runtime

@@ -48,7 +48,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("ONNXPOOL_CI_CACHE", "/var/cache/onnxpool-ci"))
-CAT = REPO / "tests" / "data" / "chelsea-cat.jpg"
+CAT = REPO / "service" / "samples" / "chelsea-cat.jpg"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 PODMAN = ["podman", "--runtime", "runc"]
 # What debian:*-slim leaves out (docs, man pages, locales), kept out of the rootfs too.
@@ -219,7 +219,10 @@ def podman_run_args(dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, w
         vol = volumes[m["name"]]
         if "emptyDir" in vol:
             size = memory(str(vol["emptyDir"].get("sizeLimit", "256Mi")))
-            args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777"]
+            # An emptyDir is empty and writable by the pod's uid/fsGroup. podman 4.3 gives a
+            # tmpfs the image folder's mode (0700 here) and root as owner, ignoring mode=;
+            # `U` chowns it to the --user, which is what the pod's fsGroup amounts to.
+            args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777,U"]
         elif "configMap" in vol:
             folder = workdir / m["name"]
             folder.mkdir()
