@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the real onnxpool image and run it the way the pod runs it, with no registry.
 
-CI runs this after `make test` (as root):  python3 deploy/container/ci_image.py
+CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_image.py
 
 1. Base image: the Dockerfile's default BASE_IMAGE (debian:bookworm-slim) is made
    here, from this machine's apt sources, with `mmdebstrap --variant=minbase`
@@ -17,7 +17,9 @@ CI runs this after `make test` (as root):  python3 deploy/container/ci_image.py
    capabilities dropped, no-new-privileges. Then: start-up within the startup
    probe's budget, both probes, /metrics, one /predict of a cat photo, the
    layout line ("cpu: unpinned" / "cpu: pinned", per the overlay's
-   onnxpool.io/cpu-layout), and a clean drain on `podman stop`.
+   onnxpool.io/cpu-layout), and a clean stop. Then once more with a slow model
+   (tests/slow_model.py) mounted in: `podman stop` during a ~4 s inference
+   must let it finish (200) and exit 0 within terminationGracePeriodSeconds.
 
 Known snags of this host handled here: podman's default crun refuses the
 hybrid cgroup setup, so runc is used (`podman --runtime runc`); runc cannot
@@ -39,10 +41,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +197,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def podman_run_args(dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, workdir: Path, port: int) -> list[str]:
+def podman_run_args(
+    dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, workdir: Path, port: int, extra: list[str] | None = None
+) -> list[str]:
     spec = dep["spec"]["template"]["spec"]
     c = spec["containers"][0]
     sc = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
@@ -225,7 +231,7 @@ def podman_run_args(dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, w
             args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777,U"]
         elif "configMap" in vol:
             folder = workdir / m["name"]
-            folder.mkdir()
+            folder.mkdir(exist_ok=True)
             for key, value in configmaps[vol["configMap"]["name"]].get("data", {}).items():
                 (folder / key).write_text(value, encoding="utf-8")
             args += ["-v", f"{folder}:{m['mountPath']}:ro"]
@@ -238,7 +244,7 @@ def podman_run_args(dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, w
     command = c.get("command")
     if command:
         args += ["--entrypoint", json.dumps(command)]
-    return [*args, tag, *c.get("args", [])]
+    return [*args, *(extra or []), tag, *c.get("args", [])]
 
 
 def http(
@@ -263,70 +269,148 @@ def multipart(field: str, path: Path) -> tuple[bytes, str]:
     return head + path.read_bytes() + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def run_like_pod(tag: str, overlay: str) -> None:
-    dep, docs = rendered_pod(overlay)
-    c = dep["spec"]["template"]["spec"]["containers"][0]
-    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
-    startup = c["startupProbe"]
-    budget = startup["periodSeconds"] * startup["failureThreshold"]
-    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+@dataclass
+class Pod:
+    """The rendered Deployment's numbers the run phase checks against."""
+
+    dep: dict[str, Any]
+    docs: list[dict[str, Any]]
+    budget: float
+    grace: float
+    layout: str
+
+
+def start_container(pod: Pod, tag: str, workdir: Path, extra: list[str] | None = None) -> tuple[str, str, float]:
+    """`podman run` like the pod; returns (container id or "", base URL, seconds until ready or 0)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    args = podman_run_args(pod.dep, pod.docs, tag, workdir, port, extra)
+    log("$ podman " + " ".join(args))
+    t0 = time.monotonic()
+    started = run([*PODMAN, *args], capture_output=True)
+    if started.returncode != 0:
+        record("podman run", False, started.stderr[-2000:])
+        return "", base, 0.0
+    cid = started.stdout.strip()
+    while time.monotonic() - t0 < pod.budget:
+        if http("GET", base + "/v2/health/ready", timeout=2)[0] == 200:
+            return cid, base, time.monotonic() - t0
+        state = run([*PODMAN, "inspect", "-f", "{{.State.Running}}", cid], capture_output=True).stdout
+        if state.strip() == "false":
+            break
+        time.sleep(0.2)
+    return cid, base, 0.0
+
+
+def container_log(cid: str) -> str:
+    out = run([*PODMAN, "logs", cid], capture_output=True)
+    return out.stdout + out.stderr
+
+
+def stop_container(pod: Pod, cid: str) -> tuple[bool, str]:
+    """`podman stop` with the pod's grace period: (exited 0 in time after handling SIGTERM, detail)."""
+    t1 = time.monotonic()
+    stop = run([*PODMAN, "stop", "-t", str(int(pod.grace)), cid], capture_output=True)
+    took = time.monotonic() - t1
+    code = run([*PODMAN, "inspect", "-f", "{{.State.ExitCode}}", cid], capture_output=True).stdout.strip()
+    drained = "Handling signal: term" in container_log(cid)
+    ok = stop.returncode == 0 and code == "0" and took < pod.grace and drained
+    return ok, f"exit {code} after {took:.1f} s (grace {pod.grace:g} s), SIGTERM handled: {drained}"
+
+
+def run_like_pod(tag: str, overlay: str) -> None:
+    dep, docs = rendered_pod(overlay)
+    spec = dep["spec"]["template"]["spec"]
+    startup = spec["containers"][0]["startupProbe"]
+    pod = Pod(
+        dep=dep,
+        docs=docs,
+        budget=startup["periodSeconds"] * startup["failureThreshold"],
+        grace=float(spec["terminationGracePeriodSeconds"]),
+        layout=dep["spec"]["template"]["metadata"].get("annotations", {}).get("onnxpool.io/cpu-layout", "unpinned"),
+    )
     with tempfile.TemporaryDirectory(prefix="onnxpool-ci-") as tmp:
         workdir = Path(tmp)
         os.chmod(workdir, 0o755)
-        args = podman_run_args(dep, docs, tag, workdir, port)
-        log("$ podman " + " ".join(args))
-        t0 = time.monotonic()
-        started = run([*PODMAN, *args], capture_output=True)
-        if started.returncode != 0:
-            record("podman run", False, started.stderr[-2000:])
+        serve_like_pod(pod, tag, workdir)
+        drain_like_pod(pod, tag, workdir)
+
+
+def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
+    """The demo model: start-up time, probes, /metrics, a cat, the layout line, a clean stop."""
+    cid, base, ready = start_container(pod, tag, workdir)
+    if not cid:
+        return
+    try:
+        record("ready within the startup probe budget", ready > 0, f"{ready:.1f} s of {pod.budget:g} s")
+        if ready:
+            record("GET /v2/health/live", http("GET", base + "/v2/health/live")[0] == 200)
+            status, body = http("GET", base + "/metrics")
+            record("GET /metrics", status == 200 and b"# TYPE" in body, f"HTTP {status}, {len(body)} bytes")
+            payload, ctype = multipart("image", CAT)
+            status, body = http("POST", base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
+            record(
+                "POST /predict (cat photo)", status == 200 and b"cat" in body.lower(), f"HTTP {status} {body[:200]!r}"
+            )
+        text = container_log(cid)
+        want = f"cpu: {pod.layout}"
+        line = next((ln for ln in text.splitlines() if "cpu: " in ln), "")
+        record(f"layout line '{want}'", want in line, line[:300])
+        ok, detail = stop_container(pod, cid)
+        record("clean stop on podman stop", ok, detail)
+        if not all(good for _, good, _ in results):
+            log("container log:\n" + container_log(cid)[-6000:])
+    finally:
+        run([*PODMAN, "rm", "-f", cid], capture_output=True)
+
+
+def drain_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
+    """A slow model (tests/slow_model.py) mounted in: `podman stop` during a ~4 s inference must finish it."""
+    sys.path.insert(0, str(REPO))
+    from tests.slow_model import build_slow_model, infer_body, server_settings  # needs onnx (dev extra)
+
+    folder = workdir / "slow"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    model = build_slow_model(folder / "slow.onnx")
+    os.chmod(model, 0o644)
+    settings = server_settings(Path("/slow/slow.onnx"))
+    extra = ["-v", f"{folder}:/slow:ro", *(arg for k, v in settings.items() for arg in ("-e", f"{k}={v}"))]
+    cid, base, ready = start_container(pod, tag, workdir, extra)
+    if not cid:
+        return
+    try:
+        if not record("slow model ready", ready > 0, f"{ready:.1f} s"):
+            log("container log:\n" + container_log(cid)[-6000:])
             return
-        cid = started.stdout.strip()
-        try:
-            ready = 0.0
-            while time.monotonic() - t0 < budget:
-                if http("GET", base + "/v2/health/ready", timeout=2)[0] == 200:
-                    ready = time.monotonic() - t0
-                    break
-                state = run([*PODMAN, "inspect", "-f", "{{.State.Running}}", cid], capture_output=True).stdout
-                if state.strip() == "false":
-                    break
-                time.sleep(0.2)
-            record("ready within the startup probe budget", ready > 0, f"{ready:.1f} s of {budget} s")
-            if ready:
-                record("GET /v2/health/live", http("GET", base + "/v2/health/live")[0] == 200)
-                status, body = http("GET", base + "/metrics")
-                record("GET /metrics", status == 200 and b"# TYPE" in body, f"HTTP {status}, {len(body)} bytes")
-                payload, ctype = multipart("image", CAT)
-                status, body = http("POST", base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
-                record(
-                    "POST /predict (cat photo)",
-                    status == 200 and b"cat" in body.lower(),
-                    f"HTTP {status} {body[:200]!r}",
-                )
-            logs = run([*PODMAN, "logs", cid], capture_output=True)
-            text = logs.stdout + logs.stderr
-            want = "cpu: " + annotations.get("onnxpool.io/cpu-layout", "unpinned")
-            record(
-                f"layout line '{want}'", want in text, next((ln for ln in text.splitlines() if "cpu: " in ln), "")[:300]
-            )
-            t1 = time.monotonic()
-            stop = run([*PODMAN, "stop", "-t", str(grace), cid], capture_output=True)
-            took = time.monotonic() - t1
-            code = run([*PODMAN, "inspect", "-f", "{{.State.ExitCode}}", cid], capture_output=True).stdout.strip()
-            final = run([*PODMAN, "logs", cid], capture_output=True)
-            text = final.stdout + final.stderr
-            drained = "Handling signal: term" in text
-            record(
-                "clean drain on podman stop",
-                stop.returncode == 0 and code == "0" and took < grace and drained,
-                f"exit {code} after {took:.1f} s (grace {grace} s), SIGTERM handled: {drained}",
-            )
-            if not all(ok for _, ok, _ in results):
-                log("container log:\n" + text[-6000:])
-        finally:
-            run([*PODMAN, "rm", "-f", cid], capture_output=True)
+        url = base + f"/v2/models/{settings['ONNXPOOL_MODEL__NAME']}/infer"
+        json_type = {"Content-Type": "application/json"}
+        t0 = time.monotonic()
+        http("POST", url, json.dumps(infer_body(200_000)).encode(), json_type, timeout=60)
+        iterations = int(4.0 / max(1e-8, (time.monotonic() - t0) / 200_000))
+        answer: dict[str, Any] = {}
+
+        def slow_request() -> None:
+            body = json.dumps(infer_body(iterations)).encode()
+            answer["status"], _ = http("POST", url, body, json_type, timeout=pod.grace)
+            answer["done"] = time.monotonic()
+
+        client = threading.Thread(target=slow_request)
+        client.start()
+        time.sleep(1.0)  # inside onnxruntime by now
+        t_stop = time.monotonic()
+        ok, detail = stop_container(pod, cid)
+        client.join(pod.grace)
+        in_flight = answer.get("done", 0.0) > t_stop
+        record(
+            "drain on podman stop (request in flight)",
+            ok and in_flight and answer.get("status") == 200,
+            f"HTTP {answer.get('status')} {answer.get('done', t_stop) - t_stop:.1f} s after stop began; {detail}",
+        )
+        if not (ok and in_flight and answer.get("status") == 200):
+            log("container log:\n" + container_log(cid)[-6000:])
+    finally:
+        run([*PODMAN, "rm", "-f", cid], capture_output=True)
 
 
 def main() -> int:
