@@ -316,11 +316,20 @@ def layout_line(log: str) -> str:
     return next((line for line in log.splitlines() if "cpu: " in line), "")
 
 
-def test_pod_serves_under_its_own_conditions(pod: Pod, share: Path) -> None:
+def show(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    """Into the test log even when pytest captures output (`make test`): CI's record of the layout."""
+    with capsys.disabled():
+        print(text, flush=True)
+
+
+def test_pod_serves_under_its_own_conditions(pod: Pod, share: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with run_pod(pod, share) as run:
         server = run.server
-        print(f"\npod contract ({OVERLAY}, cgroup {run.quota.version}, limits.cpu {pod.cpu_limit:g}, uid {pod.uid}):")
-        print(f"  ready after {run.ready_after:.1f} s (startup probe budget {pod.startup_budget:g} s)")
+        show(
+            capsys,
+            f"\npod contract ({OVERLAY}, cgroup {run.quota.version}, limits.cpu {pod.cpu_limit:g}, uid {pod.uid}): "
+            f"ready after {run.ready_after:.1f} s (startup probe budget {pod.startup_budget:g} s)",
+        )
         assert run.ready_after < pod.startup_budget
         for path in ("/v2/health/live", "/v2/health/ready"):
             assert requests.get(server.url + path, timeout=5).status_code == 200, path
@@ -333,7 +342,7 @@ def test_pod_serves_under_its_own_conditions(pod: Pod, share: Path) -> None:
 
         log = server.log()
         line = layout_line(log)
-        print(f"  layout line: {line}")
+        show(capsys, f"pod contract layout line: {line}")
         expected_workers = max(1, math.floor(pod.cpu_limit))
         assert f"cpu: unpinned (affinity {len(os.sched_getaffinity(0))} cores > quota {pod.cpu_limit:g})" in line
         assert f"-> {expected_workers} workers x 1 threads" in line
@@ -356,7 +365,7 @@ def test_pod_serves_under_its_own_conditions(pod: Pod, share: Path) -> None:
             assert (probe.returncode == 0) == writable, (path, probe.stderr)
 
 
-def test_pod_drains_a_slow_request_on_sigterm(pod: Pod, share: Path) -> None:
+def test_pod_drains_a_slow_request_on_sigterm(pod: Pod, share: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = build_slow_model(share / "slow" / "slow.onnx")
     model.parent.chmod(0o755)
     model.chmod(0o644)
@@ -390,10 +399,11 @@ def test_pod_drains_a_slow_request_on_sigterm(pod: Pod, share: Path) -> None:
             pytest.fail(f"no exit within terminationGracePeriodSeconds {pod.grace:g} s:\n{server.log()[-3000:]}")
         exited = time.monotonic() - t_term
         client.join(timeout=pod.grace)
-        print(
+        show(
+            capsys,
             f"\npod drain: SIGTERM {1.0:.1f} s into a {result.get('seconds', 0):.1f} s request -> "
             f"HTTP {result.get('status')}; exit {server.process.returncode} {exited:.1f} s after SIGTERM "
-            f"(grace {pod.grace:g} s)"
+            f"(grace {pod.grace:g} s)",
         )
         assert result.get("status") == 200, (result, server.log()[-3000:])
         assert server.process.returncode == 0
