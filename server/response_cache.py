@@ -47,7 +47,7 @@ Backends:
   (WAL); a put is one `BEGIN IMMEDIATE` transaction that also expires and evicts
   (least recently stored first), so a reader sees a whole value or none, and the
   byte total stays within `max_bytes`. Chosen over `diskcache` and shared
-  memory by measurement: see docs in the commit / BENCHMARKS.
+  memory by measurement: see docs/RESPONSE_CACHE.md.
 * Redis (`url = "redis://host:port/db"`): same keys under a prefix, TTL via
   `SET ... PX`, short connect/read timeouts, no client retries, and a circuit
   breaker: after an error every call is an instant miss/drop for
@@ -742,7 +742,12 @@ class ResponseCache:
         if status != 200:
             self._event("skip")
             return False
-        data = encode_reply(reply)
+        try:
+            data = encode_reply(reply)
+        except ValueError as exc:  # e.g. a non-ASCII header: serve the reply, just don't cache it
+            self._event("skip")
+            self._log.warning("response cache: reply not stored: %s", exc)
+            return False
         if len(data) > self.settings.max_entry_bytes:
             self._event("skip")
             return False

@@ -243,6 +243,9 @@ def test_errors_and_no_store_are_never_stored(tmp_path: Path) -> None:
     assert not cache.store_reply(k, 200, reply_of(b"{}"), parse_cache_control("no-store"))
     assert cache.lookup(k) is None
     assert cache.stats.stores == 0 and cache.stats.skipped == 5
+    bad = CachedReply(body=b"{}", content_type="application/json", headers=(("X-Label", "caf\u00e9"),))
+    assert not cache.store_reply(k, 200, bad)  # an unstorable header is a skip, not an exception
+    assert cache.stats.skipped == 6
 
 
 def test_no_cache_refreshes_and_no_store_bypasses(tmp_path: Path) -> None:
