@@ -8,18 +8,15 @@ import inspect
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import socket
 import sqlite3
-import subprocess
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
 from onnxpool.server.response_cache import (
     CacheControl,
     CachedReply,
@@ -37,6 +34,7 @@ from onnxpool.server.response_cache import (
     prepare,
     v2_request_payload,
 )
+from tests.redis_harness import RedisServer
 
 FORK = mp.get_context("fork")
 
@@ -261,12 +259,17 @@ def test_no_cache_refreshes_and_no_store_bypasses(tmp_path: Path) -> None:
     assert hit is not None and hit.body == b"new"
 
 
-def test_ttl_expiry(tmp_path: Path) -> None:
-    cache = local_cache(tmp_path, ttl_seconds=0.3)
+def check_expires(cache: ResponseCache) -> None:
+    """An entry is served until its TTL has passed, then no more."""
     cache.store_reply(key_of(1), 200, reply_of(b"a"))
     assert cache.lookup(key_of(1)) is not None
-    time.sleep(0.4)
+    time.sleep(cache.settings.ttl_seconds * 1.5)
     assert cache.lookup(key_of(1)) is None
+
+
+def test_ttl_expiry(tmp_path: Path) -> None:
+    cache = local_cache(tmp_path, ttl_seconds=0.3)
+    check_expires(cache)
     cache.store_reply(key_of(2), 200, reply_of(b"b"))  # a put purges what expired
     assert cache.stats.expirations == 1
     assert isinstance(cache.store, LocalStore) and cache.store.entries() == 1
@@ -418,75 +421,6 @@ def test_concurrent_writers_never_tear_a_value(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- redis
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RedisServer:
-    port: int
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        exe = shutil.which("redis-server")
-        assert exe is not None
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: signals here reach only it
-            )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.02)
-        raise AssertionError(f"redis-server did not answer on {self.port}: {self.log.read_text()}")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (Debian package redis-server)")
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    srv = RedisServer(_free_port(), tmp_path / "redis.log")
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 def redis_cache(srv: RedisServer, **kw: Any) -> ResponseCache:
     settings = CacheSettings(url=srv.url, **kw)
     prepare(settings, "/nonexistent/not-used-for-redis")
@@ -518,10 +452,7 @@ def test_redis_hit_across_two_hosts(redis_server: RedisServer) -> None:
 
 def test_redis_ttl_expires(redis_server: RedisServer) -> None:
     cache = redis_cache(redis_server, ttl_seconds=0.2)
-    cache.store_reply(key_of(1), 200, reply_of(b"a"))
-    assert cache.lookup(key_of(1)) is not None
-    time.sleep(0.35)
-    assert cache.lookup(key_of(1)) is None
+    check_expires(cache)
     cache.close()
 
 
