@@ -338,6 +338,47 @@ class MetricsSettings(Section):
         return value
 
 
+class CacheSettings(Section):
+    """`[cache]`: the response cache (a repeated request is answered without decoding or inference).
+
+    The key covers the model file's digest, the model settings, the endpoint and its
+    parameters and the request's image/tensor bytes, so a reload to another model or other
+    settings never serves an old answer. Read per generation (HUP); docs/DEPLOYING.md sizes it.
+    """
+
+    enabled: bool = True
+    """Cache successful replies of /predict, /classify and binary-tensor v2 infer."""
+
+    url: str = ""
+    """"" = SQLite in the run folder, shared by the workers of this host; `redis://host:port/db`
+    (or rediss://, unix://) = one Redis shared by several hosts (bound it with Redis' maxmemory)."""
+
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    """Local cache size (keys + replies); the least recently stored entries make room."""
+
+    max_entry_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Replies larger than this are served but not stored."""
+
+    ttl_seconds: float = Field(default=3600.0, gt=0)
+    """How long an entry lives (local and Redis)."""
+
+    redis_connect_timeout_seconds: float = Field(default=0.05, gt=0, le=10)
+    """Longest wait to connect to Redis; a request then computes its reply."""
+
+    redis_timeout_seconds: float = Field(default=0.1, gt=0, le=10)
+    """Longest wait for one Redis read or write; a request then computes its reply."""
+
+    redis_cooldown_seconds: float = Field(default=5.0, ge=0)
+    """After a Redis error each worker skips Redis this long, then tries again (recovers by itself)."""
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, value: str) -> str:
+        if value and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError('must be "" (local cache) or a redis://, rediss:// or unix:// URL')
+        return value
+
+
 class Settings(Section):
     """All of onnxpool's settings."""
 
@@ -348,3 +389,4 @@ class Settings(Section):
     nginx: NginxSettings = NginxSettings()
     auth: AuthSettings = AuthSettings()
     metrics: MetricsSettings = MetricsSettings()
+    cache: CacheSettings = CacheSettings()

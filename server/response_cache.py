@@ -476,6 +476,11 @@ class LocalStore:
     remote = False
 
     @staticmethod
+    def exists(folder: str | os.PathLike[str]) -> bool:
+        """Whether `create` already made the database in `folder` (a master keeps it across HUP)."""
+        return (Path(folder) / _DB_NAME).is_file()
+
+    @staticmethod
     def create(folder: str | os.PathLike[str]) -> Path:
         """Create the folder (0700) and a fresh, empty database; leaves no connection open."""
         path = Path(folder)

@@ -10,8 +10,10 @@ the running one. No HTTP here (docs/ARCHITECTURE.md): the layer above
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,8 @@ class Generation:
     model_file: Path
     """The file new workers load: the validated private copy (or the configured path, see run_folder)."""
     layout: Layout
+    model_digest: str
+    """Digest of the model file's bytes, computed once here (the response cache keys on it)."""
 
     @property
     def settings(self) -> Settings:
@@ -58,7 +62,8 @@ class Pool:
         model, model_file = self._validated_model(settings)
         server = settings.server
         layout = plan_layout(cpu_allowance(), server.workers, server.threads_per_worker)
-        return Generation(loaded=loaded, model=model, model_file=model_file, layout=layout)
+        digest = model_digest(model_file, in_place=not self.run.owns(model_file))
+        return Generation(loaded=loaded, model=model, model_file=model_file, layout=layout, model_digest=digest)
 
     def adopt(self, generation: Generation) -> None:
         """Make `generation` what new workers get."""
@@ -88,3 +93,14 @@ class Pool:
         model = preflight(settings)  # raises the error about the real file if it is bad
         log.info("model %s does not load from a copy (external data?): workers load it in place", source)
         return model, source
+
+
+def model_digest(path: Path, *, in_place: bool) -> str:
+    """sha256 of the model file; identical files on several hosts give the same digest.
+
+    A model served in place (external data files next to it, see run_folder) may change in
+    files this does not read, so each of its generations gets a digest of its own.
+    """
+    with path.open("rb") as f:
+        digest = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+    return f"{digest}+{uuid.uuid4().hex}" if in_place else digest

@@ -4,6 +4,7 @@
         metrics/     prometheus_client's per-process files (unless [metrics] dir names a folder)
         models/      validated private copies of the model file: what new workers load
         heartbeat/   gunicorn's worker heartbeat files (`worker_tmp_dir`)
+        cache/       the local response cache (SQLite), shared by the workers ([cache])
 
 So one writable folder (a tmpfs, a Kubernetes emptyDir) is all a read-only
 root filesystem needs. The master makes the folder at its first config load,
@@ -116,16 +117,21 @@ class RunFolder:
     def promote_model(self, copy: Path) -> None:
         """Make `copy` what new workers load; drop the previous copy (running workers loaded it already)."""
         previous, self.current_model = self.current_model, copy
-        if previous is not None and previous != copy and self._owns(previous):
+        if previous is not None and previous != copy and self.owns(previous):
             previous.unlink(missing_ok=True)
 
     def discard_model(self, copy: Path) -> None:
         """Forget a copy that failed validation."""
-        if self._owns(copy):
+        if self.owns(copy):
             copy.unlink(missing_ok=True)
 
-    def _owns(self, path: Path) -> bool:
+    def owns(self, path: Path) -> bool:
         return path.parent == self.path / "models"
+
+    @property
+    def cache(self) -> Path:
+        """The local response cache's folder (created by the master, opened by each worker)."""
+        return self.path / "cache"
 
     def remove(self) -> None:
         """Delete the folder (master exit). A configured [metrics] dir is left, emptied next start."""
