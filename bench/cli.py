@@ -38,6 +38,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    return value
+
+
 def _output_path(text: str) -> Path:
     path = Path(text)
     if path.suffix.lower() not in (".csv", ".json"):
@@ -69,6 +79,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML settings file to read the model name from")
     parser.add_argument("--batch", type=_positive, default=1, help="batch size / images per request (default 1)")
     parser.add_argument("--image", type=Path, default=None, help=f"image for --mode predict (default {CAT_JPEG.name})")
+    parser.add_argument(
+        "--repeat-fraction",
+        type=_fraction,
+        help="--mode predict: this fraction (0..1) of requests repeats earlier images, Zipf-distributed; the "
+        "others are new variants of --image (measures the response cache; default: always the same image)",
+    )
     parser.add_argument(
         "--connections-per-process", type=_positive, default=2, help="client connections per load process (default 2)"
     )
@@ -109,12 +125,14 @@ def bench_command(args: argparse.Namespace) -> int:
             batch=args.batch,
             image=image,
             conns_per_process=args.connections_per_process,
+            repeat_fraction=args.repeat_fraction,
         )
         report = run_bench(options, Progress(enabled=not args.quiet))
     except (ConfigError, ValueError, OSError) as exc:
         return _fail(str(exc))
     rows = step_rows(report.steps)
-    print(f"# {options.mode} against {options.url} (model {options.model}, batch {options.batch})")
+    repeats = "" if options.repeat_fraction is None else f", {options.repeat_fraction:g} of requests repeat"
+    print(f"# {options.mode} against {options.url} (model {options.model}, batch {options.batch}{repeats})")
     print(format_table(rows))
     print(client_cpu_note(report))
     if args.output:
@@ -122,7 +140,9 @@ def bench_command(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     if args.plot:
         try:
-            plot_series(args.plot, {f"{options.mode} {options.url}": rows}, title=f"onnxpool bench: {options.model}")
+            plot_series(
+                args.plot, {f"{options.mode}{repeats} {options.url}": rows}, title=f"onnxpool bench: {options.model}"
+            )
         except PlotUnavailable as exc:
             return _fail(str(exc))
         print(f"wrote {args.plot}")

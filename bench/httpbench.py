@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult, total_cpu_seconds
-from onnxpool.bench.payloads import Mode, PreparedRequest, prepare
+from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult, Workload, total_cpu_seconds
+from onnxpool.bench.payloads import Mode, prepare
 from onnxpool.bench.progress import Progress
+from onnxpool.bench.repeats import RepeatWorkload
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class BenchOptions:
     image: Path | None = None
     conns_per_process: int = 2
     timeout: float = 60.0
+    repeat_fraction: float | None = None
+    """--mode predict: this fraction of requests repeats earlier images (bench.repeats); None = one image."""
 
 
 @dataclass
@@ -51,20 +54,28 @@ class BenchReport:
             "duration_s": o.duration,
             "requests_per_step": o.requests,
             "connections_per_process": o.conns_per_process,
+            "repeat_fraction": o.repeat_fraction,
             "client_cpu_seconds_total": round(self.client_cpu_seconds, 3),
             "wall_seconds": round(self.wall_seconds, 3),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
 
 
-def run_bench(
-    options: BenchOptions, progress: Progress | None = None, request: PreparedRequest | None = None
-) -> BenchReport:
+def workload(options: BenchOptions) -> Workload:
+    """What the run sends: the one prepared request of the mode, or the repeat workload."""
+    if options.repeat_fraction is None:
+        return prepare(options.mode, options.url, model=options.model, batch=options.batch, image=options.image)
+    if options.mode != "predict" or options.image is None or options.batch != 1:
+        raise ValueError("--repeat-fraction works with --mode predict, a JPEG --image and --batch 1")
+    repeats = RepeatWorkload(options.image, options.repeat_fraction)
+    repeats.sample()  # a JPEG? (raises ValueError before any load process starts)
+    return repeats
+
+
+def run_bench(options: BenchOptions, progress: Progress | None = None, request: Workload | None = None) -> BenchReport:
     """Run every concurrency step in order on one pool of load-generator processes."""
     progress = progress or Progress(enabled=False)
-    request = request or prepare(
-        options.mode, options.url, model=options.model, batch=options.batch, image=options.image
-    )
+    request = request or workload(options)
     report = BenchReport(options)
     cpu_before = total_cpu_seconds()
     started = time.monotonic()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import multiprocessing as mp
 import multiprocessing.sharedctypes
 import queue
@@ -28,7 +29,7 @@ import time
 import urllib.parse
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,10 @@ import numpy as np
 
 from onnxpool.bench.payloads import PreparedRequest
 from onnxpool.bench.rawhttp import RawConnection, wire_bytes
+from onnxpool.bench.repeats import RepeatWorkload
+
+Workload = PreparedRequest | RepeatWorkload
+"""One request sent again and again, or a stream of requests with repeats (`bench.repeats`)."""
 
 # Exceptions after which a reused keep-alive connection is retried once on a
 # fresh one: the server may close an idle connection between two requests.
@@ -151,7 +156,7 @@ class _ConnectionResult:
 def _drive(
     host: str,
     port: int,
-    request: PreparedRequest,
+    request: Workload,
     command: _Command,
     slot: int,
     counter: Any,
@@ -160,9 +165,9 @@ def _drive(
 ) -> None:
     """One connection's closed loop (runs in its own thread inside a worker process)."""
     conn = RawConnection(host, port, timeout)
-    wire = wire_bytes(request, host, port)
     wanted = command.requests_per_connection[slot] if command.requests_per_connection else None
     index = command.connections[slot]
+    wires = _wires(request, host, port, index, f"{command.t0:.6f}")
     done = 0
     try:
         while True:
@@ -171,7 +176,8 @@ def _drive(
                 return
             if wanted is not None and done >= wanted:
                 return
-            start = now
+            wire = next(wires)
+            start = time.monotonic()
             outcome: int | str
             try:
                 reused = conn.sock is not None
@@ -202,7 +208,13 @@ def _drive(
         conn.close()
 
 
-def _worker_main(url: str, request: PreparedRequest, counter: Any, commands: Any, results: Any, timeout: float) -> None:
+def _wires(request: Workload, host: str, port: int, connection: int, step: str) -> Iterator[bytes]:
+    if isinstance(request, PreparedRequest):
+        return itertools.repeat(wire_bytes(request, host, port))
+    return request.wires(host, port, connection, step)
+
+
+def _worker_main(url: str, request: Workload, counter: Any, commands: Any, results: Any, timeout: float) -> None:
     """A load-generator process: runs one step per command until it gets None."""
     parsed = urllib.parse.urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
@@ -244,7 +256,7 @@ class LoadGenerator:
     def __init__(
         self,
         url: str,
-        request: PreparedRequest,
+        request: Workload,
         max_concurrency: int,
         *,
         conns_per_process: int = 2,
