@@ -7,6 +7,8 @@ so the gunicorn master can preload it safely before forking workers.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -14,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 from onnxpool.config.settings import Settings
 from onnxpool.server import admission, auth, instrument, openapi
 from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.caching import ReplyCache, settings_fingerprint
 from onnxpool.server.context import ServerContext, check_body_size, error_response
 from onnxpool.server.errors import OnnxpoolError
 from onnxpool.server.imaging import ImagePipeline
@@ -46,11 +49,22 @@ def _handle_unexpected(exc: Exception) -> Response:
     return error_response("internal server error", 500)
 
 
-def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
+@dataclass(frozen=True)
+class CachePlan:
+    """What the master knows about the response cache of a generation (see server.caching)."""
+
+    model_digest: str
+    """Digest of the model file the generation's workers load (part of every key)."""
+    folder: Path | None
+    """The local store's folder, already prepared; None when the cache is off or in Redis."""
+
+
+def create_app(settings: Settings, backend: InferenceBackend, cache: CachePlan | None = None) -> Flask:
     """Build the WSGI app for one model served by `backend`.
 
     Reads the labels and API key files (raising ConfigError's subclasses with one
-    line): the master calls this once per generation, before forking.
+    line): the master calls this once per generation, before forking. Without a
+    `cache` plan (an app built in-process) replies are never cached.
     """
 
     app = Flask("onnxpool")
@@ -59,12 +73,22 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
     # Every route's inference goes through the wrapper: infer timing + batch-size metric.
     timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
-    labels = settings.model.labels
+    labels_file = settings.model.labels
+    labels = load_labels(labels_file) if labels_file is not None else None
+    section = settings.cache if cache is not None else settings.cache.model_copy(update={"enabled": False})
     ctx = ServerContext(
         settings=settings,
         backend=timed,
         pipeline=ImagePipeline(settings.model.preprocess, settings.limits),
-        labels=load_labels(labels) if labels is not None else None,
+        labels=labels,
+        cache=ReplyCache(
+            section,
+            folder=cache.folder if cache is not None else None,
+            model_digest=cache.model_digest if cache is not None else "",
+            fingerprint=settings_fingerprint(settings, labels),
+            record_metrics=settings.metrics.enabled,
+            server_timing=settings.metrics.server_timing,
+        ),
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -79,3 +103,9 @@ def create_app(settings: Settings, backend: InferenceBackend) -> Flask:
     app.register_blueprint(openapi.blueprint)
     instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics
     return app
+
+
+def open_in_worker(app: Flask) -> None:
+    """In each worker after fork (gunicorn post_fork): open what must not cross fork (the cache)."""
+    ctx: ServerContext = app.extensions["onnxpool"]
+    ctx.cache.open()

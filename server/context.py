@@ -14,6 +14,7 @@ from flask import Response, current_app, request
 from onnxpool.config.settings import Settings
 from onnxpool.server import jsonfast
 from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.caching import ReplyCache
 from onnxpool.server.errors import BadRequest, PayloadTooLarge
 from onnxpool.server.imaging import ImagePipeline
 
@@ -28,6 +29,8 @@ class ServerContext:
     """Decodes and preprocesses uploaded images ([model.preprocess], [limits])."""
     labels: list[str] | None
     """Class names in output-index order ([model] labels), read when the app is built."""
+    cache: ReplyCache
+    """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -88,6 +88,38 @@ BUILD_INFO = Gauge(
     ["version", "onnxruntime_version", "workers", "threads_per_worker"],
     multiprocess_mode="max",  # set by the master only
 )
+CACHE_BUCKETS = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.1, 0.25)
+CACHE_EVENTS = Counter(
+    "onnxpool_cache_events",
+    "Response cache events by backend (local, redis): hit, miss, store, evict (entries evicted for room), "
+    "expire (entries purged after their TTL), skip (not stored: error status or too large), "
+    "error (backend failure or corrupt entry; the request is computed instead).",
+    ["backend", "event"],
+)
+CACHE_LOOKUP_SECONDS = Histogram(
+    "onnxpool_cache_lookup_seconds",
+    "Time of one response cache lookup (hit or miss), by backend.",
+    ["backend"],
+    buckets=CACHE_BUCKETS,
+)
+CACHE_BYTES = Gauge(
+    "onnxpool_cache_bytes",
+    "Bytes held by the local response cache (shared by all workers of the host; as last seen by any worker).",
+    ["backend"],
+    multiprocess_mode="mostrecent",
+)
+
+
+def observe_cache_event(name: str, backend: str, value: float) -> None:
+    """The response cache's `on_event` hook: counters by backend, lookup time as a histogram."""
+    if name == "lookup":
+        CACHE_LOOKUP_SECONDS.labels(backend).observe(value)
+    else:
+        CACHE_EVENTS.labels(backend, name).inc(value)
+
+
+def cache_bytes(backend: str, used: int) -> None:
+    CACHE_BYTES.labels(backend).set(used)
 
 
 def observe_request(model: str, endpoint: str, status: int, total: float, phases: Mapping[str, float]) -> None:

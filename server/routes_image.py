@@ -42,17 +42,18 @@ def _uploads(max_uploads: int) -> tuple[list[bytes], list[str], dict[str, str]]:
     )
 
 
-def _top_k(default: int, classes: int, fields: dict[str, str]) -> int:
+def _requested_top_k(default: int, fields: dict[str, str]) -> int:
+    """`top_k` from the query or a form field, else the default (before clamping to the classes)."""
     raw = request.args.get("top_k") or fields.get("top_k")
     if raw is None:
-        return min(default, classes)
+        return default
     try:
         k = int(raw)
     except ValueError:
         raise BadRequest(f"top_k must be a positive integer, got {raw[:40]!r}") from None
     if k < 1:
         raise BadRequest(f"top_k must be a positive integer, got {k}")
-    return min(k, classes)
+    return k
 
 
 def classify_images(model: str) -> Response:
@@ -62,17 +63,24 @@ def classify_images(model: str) -> Response:
     info = loaded_model()
     input_name = config.input_name or info.inputs[0].name
     output_name = config.output_name or info.outputs[0].name
-    with phase("decode"):  # read the uploads, decode and preprocess the images
+    with phase("decode"):  # read the uploads (decoding and preprocessing: on a cache miss)
         images, names, fields = _uploads(ctx.settings.limits.max_images)
         if len(images) > ctx.settings.limits.max_batch:
             raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {ctx.settings.limits.max_batch}")
-        batch = ctx.pipeline.preprocess_batch(images, names)
-    outputs = ctx.backend.infer({input_name: batch}, [output_name])  # timed as "infer" by the backend
-    with phase("encode"):  # scores, top-k labels, JSON
-        result = np.asarray(outputs[output_name])
-        k = _top_k(config.top_k, int(result.shape[-1]) if result.ndim else 1, fields)
-        predictions = top_k(scores(result, config.postprocess), k, ctx.labels)
-        return json_response({"model": config.name, "predictions": predictions})
+    requested = _requested_top_k(config.top_k, fields)
+
+    def compute() -> Response:
+        with phase("decode"):
+            batch = ctx.pipeline.preprocess_batch(images, names)
+        outputs = ctx.backend.infer({input_name: batch}, [output_name])  # timed as "infer" by the backend
+        with phase("encode"):  # scores, top-k labels, JSON
+            result = np.asarray(outputs[output_name])
+            k = min(requested, int(result.shape[-1]) if result.ndim else 1)
+            predictions = top_k(scores(result, config.postprocess), k, ctx.labels)
+            return json_response({"model": config.name, "predictions": predictions})
+
+    # The key: the images' bytes in order (not the multipart framing or file names) and top_k.
+    return ctx.cache.serve("classify", {"top_k": requested}, images, compute)
 
 
 @blueprint.post("/v2/models/<model>/classify")

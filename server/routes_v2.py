@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response, request
 
 from onnxpool import __version__
-from onnxpool.server import admission
+from onnxpool.server import admission, jsonfast
+from onnxpool.server.caching import insert_v2_id
 from onnxpool.server.context import context, json_response, read_body
 from onnxpool.server.datatypes import v2_datatype
-from onnxpool.server.errors import NotFound, Unavailable
+from onnxpool.server.errors import BadRequest, NotFound, Unavailable
+from onnxpool.server.response_cache import BytesLike, v2_request_payload
 from onnxpool.server.timing import phase
 from onnxpool.server.v2codec import (
     BINARY_HEADER,
@@ -97,12 +101,48 @@ def infer(model: str, version: str | None = None) -> Response:
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
     with phase("decode"):
         body = read_body()  # first: an oversized body is a 413 even when the binary header is bad too
-        decoded = decode_infer_request(body, info, limits, parse_header_length(request.headers.get(BINARY_HEADER)))
-    admission.check_infer_timeout(decoded.parameters)
-    outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
-    with phase("encode"):
-        encoded = encode_infer_response(
-            ctx.settings.model.name, ctx.settings.model.version, decoded.id, outputs, decoded.binary_outputs
-        )
-        response = Response(encoded.body, headers=encoded.headers)
+        header_length = parse_header_length(request.headers.get(BINARY_HEADER))
+
+    def compute(echo_id: bool) -> Response:
+        with phase("decode"):
+            decoded = decode_infer_request(body, info, limits, header_length)
+        admission.check_infer_timeout(decoded.parameters)
+        outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
+        with phase("encode"):
+            encoded = encode_infer_response(
+                ctx.settings.model.name,
+                ctx.settings.model.version,
+                decoded.id if echo_id else None,
+                outputs,
+                decoded.binary_outputs,
+            )
+            return Response(encoded.body, headers=encoded.headers)
+
+    header = _cacheable_header(body, header_length)
+    if header is None:
+        return compute(True)
+    # Binary tensors: the key is the JSON header without its echo-only `id`, then the tensor bytes.
+    # The reply is computed and stored without the id; the caller's id goes in fresh (hit or miss).
+    request_id = header.get("id")
+    payload: list[BytesLike] = [v2_request_payload(header), memoryview(body)[header_length:]]
+    response = ctx.cache.serve("v2-infer", {}, payload, lambda: compute(False), replay=(BINARY_HEADER,))
+    if isinstance(request_id, str) and response.status_code == 200:
+        insert_v2_id(response, request_id, BINARY_HEADER)
     return response
+
+
+def _cacheable_header(body: bytes, header_length: int | None) -> dict[str, Any] | None:
+    """The JSON header of a binary-tensor request the cache may answer, else None (computed as always).
+
+    JSON-tensor requests are not cached: keying them would mean parsing the whole tensor body
+    twice. Nor is a header that does not parse or has a non-string `id` (computing reports it).
+    """
+    if not context().cache.active or header_length is None or not 0 < header_length <= len(body):
+        return None
+    try:
+        header = jsonfast.loads(memoryview(body)[:header_length])
+    except BadRequest:
+        return None
+    if not isinstance(header, dict) or not isinstance(header.get("id", ""), str):
+        return None
+    return header

@@ -13,7 +13,9 @@ happen where they do; docs/ARCHITECTURE.md):
 - worker, `post_fork`: pin to the slot's cores when the layout is pinned (the
   cores are the process's own; not when the affinity mask is wider than the
   cgroup quota, workers/cores.py), build the ONE session with intra-op threads
-  = share size, warm it up, and serve the generation's app; only then
+  = share size, warm it up, open the response cache (its own SQLite connection
+  or Redis client: none may cross fork, so the master only creates the local
+  cache's files) and serve the generation's app; only then
   gunicorn's worker loop starts accepting requests.
 - master, `child_exit`: the slot is freed for the replacement; the dead
   worker's live metric gauges are dropped and the restart is counted.
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxpool.config.loader import ConfigError, load_settings
@@ -44,6 +48,7 @@ from onnxpool.workers.session import RUNTIME
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from flask import Flask
 
 log = logging.getLogger("onnxpool.workers")
 
@@ -56,7 +61,7 @@ class Serving:
 
     pool: Pool
     generation: Generation
-    app: WSGIApplication
+    app: Flask
 
     @property
     def settings(self) -> Settings:
@@ -97,8 +102,8 @@ def configure() -> Serving:
             pool = _start_pool(loaded.settings)
         generation = pool.validate(loaded)
         try:
-            app = _build_app(generation.settings)
-        except ConfigError:  # labels or API keys file
+            app = _build_app(generation, pool)
+        except ConfigError:  # labels or API keys file, cache folder
             pool.reject(generation)
             raise
     except (ConfigError, ModelError) as exc:
@@ -135,10 +140,32 @@ def _start_pool(settings: Settings) -> Pool:
     return Pool(run)
 
 
-def _build_app(settings: Settings) -> WSGIApplication:
-    from onnxpool.server.app import create_app  # after the metrics folder is exported (module doc)
+def _build_app(generation: Generation, pool: Pool) -> Flask:
+    from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
 
-    return create_app(settings, RUNTIME)
+    settings = generation.settings
+    plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
+    return create_app(settings, RUNTIME, plan)
+
+
+def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
+    """Master, before forking: the local cache's files, made once per run and kept across HUP.
+
+    Entries of an older model stay but are never hit (the model digest is in every key) and
+    age out. Only files are made here; every worker opens its own connection after fork.
+    """
+    from onnxpool.server import response_cache
+
+    section = settings.cache
+    if not section.enabled or section.url:
+        return None
+    folder = pool.run.cache
+    if not response_cache.LocalStore.exists(folder):
+        try:
+            response_cache.LocalStore.create(folder)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cache: cannot create the local cache in {folder}: {exc}") from None
+    return folder
 
 
 def serving() -> Serving:
@@ -225,6 +252,9 @@ def post_fork(server: Any, worker: Any) -> None:
         warmup_runs=model.warmup_runs,
         heartbeat=worker.notify,
     )
+    from onnxpool.server.app import open_in_worker
+
+    open_in_worker(s.app)  # the response cache: this worker's own connection, never the master's
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
     log.info(

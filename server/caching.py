@@ -1,0 +1,182 @@
+"""The response cache in the HTTP layer: the key of a request, hit or compute, the reply headers.
+
+`server.response_cache` is the storage (self-contained, no onnxpool imports);
+this module decides what a request's key is and wraps a route's computation:
+
+    return context().cache.serve("classify", {"top_k": k}, images, compute)
+
+Process rules (docs/RESPONSE_CACHE.md): the master builds a `ReplyCache` with
+the app of each generation (the model file's digest and the settings'
+fingerprint are computed there, once, never per request) and has already made
+the local store's files (`prepare`, `onnxpool.hooks`). Each worker calls
+`ReplyCache.open()` in post_fork: SQLite connections and Redis sockets must not
+cross fork() (two processes would share one file lock state / one socket), so
+the master never opens one. Until then, and when `[cache] enabled = false`,
+`serve` just computes.
+
+Replies carry `X-Cache: HIT|MISS` and `Server-Timing: cache;dur=<lookup ms>;desc=hit|miss`
+(a second Server-Timing field next to the middleware's; HTTP joins them). A hit
+replays the stored body byte for byte; the middleware adds a fresh X-Request-ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from flask import Response, request
+
+from onnxpool import __version__
+from onnxpool.config.settings import CacheSettings, Settings
+from onnxpool.server import jsonfast, metrics
+from onnxpool.server import response_cache as rc
+
+log = logging.getLogger("onnxpool.cache")
+
+HEADER = "X-Cache"
+Payload = rc.BytesLike | Sequence[rc.BytesLike]
+
+
+def store_settings(section: CacheSettings) -> rc.CacheSettings:
+    """The `[cache]` section as the storage module's settings."""
+    return rc.CacheSettings(
+        enabled=section.enabled,
+        url=section.url,
+        max_bytes=section.max_bytes,
+        max_entry_bytes=section.max_entry_bytes,
+        ttl_seconds=section.ttl_seconds,
+        redis_connect_timeout_seconds=section.redis_connect_timeout_seconds,
+        redis_timeout_seconds=section.redis_timeout_seconds,
+        redis_cooldown_seconds=section.redis_cooldown_seconds,
+    )
+
+
+def settings_fingerprint(settings: Settings, labels: Sequence[str] | None) -> str:
+    """A digest of everything besides the model file and the request that shapes a reply.
+
+    The model section without its path (the file's digest stands for it) and warm-up count,
+    the limits (a hit must not answer what a lower limit would now refuse), the labels'
+    text and the onnxpool version (a release may change the reply format).
+    """
+    document = {
+        "onnxpool": __version__,
+        "model": settings.model.model_dump(mode="json", exclude={"path", "labels", "warmup_runs"}),
+        "limits": settings.limits.model_dump(mode="json"),
+        "labels": list(labels) if labels is not None else None,
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class ReplyCache:
+    """One generation's cache: built in the master with the app, opened in each worker after fork."""
+
+    def __init__(
+        self,
+        section: CacheSettings,
+        *,
+        folder: Path | None,
+        model_digest: str,
+        fingerprint: str,
+        record_metrics: bool,
+        server_timing: bool,
+    ) -> None:
+        self.settings = store_settings(section)
+        self.folder = folder
+        self.model_digest = model_digest
+        self.fingerprint = fingerprint
+        self.record_metrics = record_metrics
+        self.server_timing = server_timing
+        self.cache: rc.ResponseCache | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return self.settings.enabled and (self.folder is not None or bool(self.settings.url))
+
+    @property
+    def active(self) -> bool:
+        """Opened in this worker: `serve` looks requests up."""
+        return self.cache is not None
+
+    def open(self) -> None:
+        """In a worker, after fork: open its own connection(s). A failure is logged; the worker serves uncached."""
+        if not self.wanted:
+            return
+        hook = metrics.observe_cache_event if self.record_metrics else None
+        try:
+            self.cache = rc.open_cache(self.settings, self.folder or Path(), on_event=hook)
+        except Exception as exc:
+            log.error("response cache (%s) not opened, serving without it: %s", self.settings.backend_name, exc)
+            return
+        self._publish_bytes()
+
+    def _publish_bytes(self) -> None:
+        if self.cache is not None and self.record_metrics and not self.settings.url:
+            used = self.cache.bytes_used()
+            if used is not None:
+                metrics.cache_bytes(self.cache.backend, used)
+
+    def serve(
+        self,
+        endpoint: str,
+        params: Mapping[str, rc.ParamValue],
+        payload: Payload,
+        compute: Callable[[], Response],
+        replay: Sequence[str] = (),
+    ) -> Response:
+        """The stored reply for this request, or `compute()`'s reply (stored when it is a 200).
+
+        `params` are the endpoint's effective parameters (defaults applied); `replay` names
+        the reply headers that are part of the result and are stored with the body.
+        """
+        cache = self.cache
+        if cache is None:
+            return compute()
+        start = time.perf_counter()
+        control = rc.parse_cache_control(request.headers.getlist("Cache-Control"), request.headers.get("Pragma"))
+        key = rc.cache_key(
+            model_digest=self.model_digest,
+            settings_fingerprint=self.fingerprint,
+            endpoint=endpoint,
+            params=params,
+            payload=payload,
+        )
+        hit = cache.lookup(key, control)
+        looked = time.perf_counter() - start
+        if hit is not None:
+            response = Response(hit.body, status=200, headers=list(hit.headers), content_type=hit.content_type)
+            return self._mark(response, "hit", looked)
+        response = compute()
+        if control.write and response.status_code == 200:
+            headers = tuple((name, response.headers[name]) for name in replay if name in response.headers)
+            reply = rc.CachedReply(response.get_data(), response.content_type or "", headers)
+            if cache.store_reply(key, response.status_code, reply, control):
+                self._publish_bytes()
+        return self._mark(response, "miss", looked)
+
+    def _mark(self, response: Response, outcome: str, seconds: float) -> Response:
+        response.headers[HEADER] = outcome.upper()
+        if self.server_timing:
+            response.headers.add("Server-Timing", f"cache;dur={seconds * 1000:.3f};desc={outcome}")
+        return response
+
+
+def insert_v2_id(response: Response, request_id: str, header_name: str) -> Response:
+    """Put a v2 request's echoed `id` into a reply encoded without one (hit or computed alike).
+
+    The v2 encoder writes `"id"` as the last member of the reply's JSON document, so this
+    gives the bytes it would have written with the id (tests/test_cache_http.py checks it).
+    `header_name` is the binary extension's header-length reply header, adjusted here.
+    """
+    body = response.get_data()
+    raw_length = response.headers.get(header_name)
+    length = int(raw_length) if raw_length is not None else len(body)
+    member = b',"id":' + jsonfast.dumps(request_id)
+    response.set_data(body[: length - 1] + member + body[length - 1 :])
+    if raw_length is not None:
+        response.headers[header_name] = str(length + len(member))
+    return response
