@@ -32,7 +32,7 @@ from flask import Response, request
 
 from onnxpool import __version__
 from onnxpool.config.settings import CacheSettings, Settings
-from onnxpool.server import jsonfast, metrics
+from onnxpool.server import jsonfast
 from onnxpool.server import response_cache as rc
 
 log = logging.getLogger("onnxpool.cache")
@@ -106,6 +106,11 @@ class ReplyCache:
         """In a worker, after fork: open its own connection(s). A failure is logged; the worker serves uncached."""
         if not self.wanted:
             return
+        # Imported here, not at the top: this module is imported with server.context (even by
+        # `onnxpool config`), and prometheus_client must not load before the master exports
+        # its metrics folder (onnxpool.hooks).
+        from onnxpool.server import metrics
+
         hook = metrics.observe_cache_event if self.record_metrics else None
         try:
             self.cache = rc.open_cache(self.settings, self.folder or Path(), on_event=hook)
@@ -118,6 +123,8 @@ class ReplyCache:
         if self.cache is not None and self.record_metrics and not self.settings.url:
             used = self.cache.bytes_used()
             if used is not None:
+                from onnxpool.server import metrics  # loaded by open() already
+
                 metrics.cache_bytes(self.cache.backend, used)
 
     def serve(

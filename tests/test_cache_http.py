@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -205,3 +207,9 @@ def test_redis_killed_mid_load_loses_no_request_and_comes_back(tmp_path: Path, r
         assert "response cache (redis) is back" in srv.log()
         again = requests.post(srv.url + "/predict", files={"image": ("c.jpg", images[0])}, timeout=30)
         assert again.headers["X-Cache"] == "HIT"  # stored again since Redis came back
+
+
+def test_the_cli_does_not_load_prometheus_client() -> None:
+    """server.context imports the cache glue; that must not load prometheus_client before the master chose its mode."""
+    code = "import sys, onnxpool.cli; assert 'prometheus_client' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
