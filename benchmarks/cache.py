@@ -1,0 +1,152 @@
+"""The response cache, measured in one run: a hit's server time, the gain with repeats, the cost without.
+
+Usage (from the repo root; docs/BENCHMARKS.md has the numbers):
+    .venv/bin/python -m benchmarks.cache [--duration 15s] [--concurrency 4] [--rounds 2] [--json out.json]
+
+Two real servers stay up the whole run, both with the default layout and the demo
+model: one with the cache on (the default: local SQLite in the run folder), one
+with `[cache] enabled = false`. An idle sync worker uses no CPU, so each ratio's
+two sides are measured next to each other (this machine drifts by 10 % within
+minutes), in the order on, off, off, on, ... over `--rounds`.
+  1. hit time: the cat photo POSTed to /predict `--hits` times, one at a time, on
+     the cache-on server; the p50 of `Server-Timing` total over the HIT replies
+     (target <= 0.5 ms), next to the same for computed replies on the other server;
+  2. /predict throughput with half the requests repeating earlier images
+     (`onnxpool bench --repeat-fraction 0.5`), cache on vs off (target >= 1.8x);
+  3. the same with no repeats at all, every request a new image: what the cache
+     costs when it never hits (target <= 3 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
+from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.bench.progress import Progress
+from onnxpool.bench.repeats import RepeatWorkload
+from onnxpool.bench.servers import Server, start_server
+from onnxpool.workers.cores import plan_layout, usable_cores
+
+TOTAL = re.compile(r"total;dur=([0-9.]+)")
+LOOKUP = re.compile(r"cache;dur=([0-9.]+);desc=hit")
+
+
+def server_times(server: Server, image: bytes, count: int) -> dict[str, Any]:
+    """POST the image `count` times; Server-Timing total (and the cache's part) in ms, split by X-Cache."""
+    totals: dict[str, list[float]] = {"HIT": [], "MISS": [], "none": []}
+    lookups: list[float] = []
+    with requests.Session() as session:
+        for _ in range(count):
+            reply = session.post(server.url + "/predict", files={"image": ("cat.jpg", image, "image/jpeg")}, timeout=30)
+            reply.raise_for_status()
+            timing = reply.headers["Server-Timing"]
+            match = TOTAL.search(timing)
+            assert match is not None, timing
+            totals[reply.headers.get("X-Cache", "none")].append(float(match.group(1)))
+            lookup = LOOKUP.search(timing)
+            if lookup is not None and reply.headers.get("X-Cache") == "HIT":
+                lookups.append(float(lookup.group(1)))
+
+    def pct(values: list[float], q: int) -> float | None:
+        return round(statistics.quantiles(values, n=100)[q - 1], 3) if len(values) >= 2 else None
+
+    return {
+        kind: {"count": len(values), "p50_ms": pct(values, 50), "p90_ms": pct(values, 90)}
+        for kind, values in totals.items()
+        if values
+    } | ({"cache_part_p50_ms": pct(lookups, 50)} if lookups else {})
+
+
+def throughput(server: Server, fraction: float, args: argparse.Namespace) -> float:
+    """Requests/s of /predict at `--concurrency` with this fraction of repeats (a fresh set of images)."""
+    options = BenchOptions(
+        url=server.url,
+        mode="predict",
+        concurrency=(args.concurrency,),
+        warmup=args.warmup,
+        duration=args.duration,
+        image=CAT_JPEG,
+        repeat_fraction=fraction,
+    )
+    report = run_bench(options, Progress(enabled=False), RepeatWorkload(CAT_JPEG, fraction))
+    step = report.steps[0]
+    if step.error_count:
+        raise RuntimeError(f"{step.error_count} errors: {step.errors}")
+    return step.throughput
+
+
+def compare(on: Server, off: Server, fraction: float, args: argparse.Namespace) -> dict[str, Any]:
+    sides: dict[str, list[float]] = {"on": [], "off": []}
+    for round_ in range(args.rounds):
+        order = (("on", on), ("off", off)) if round_ % 2 == 0 else (("off", off), ("on", on))
+        for name, server in order:
+            rate = throughput(server, fraction, args)
+            sides[name].append(rate)
+            print(f"  repeat fraction {fraction:g}, cache {name}: {rate:.1f} req/s", file=sys.stderr)
+    mean_on, mean_off = statistics.fmean(sides["on"]), statistics.fmean(sides["off"])
+    return {
+        "repeat_fraction": fraction,
+        "on_rps": [round(r, 1) for r in sides["on"]],
+        "off_rps": [round(r, 1) for r in sides["off"]],
+        "ratio_on_off": round(mean_on / mean_off, 3),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cache", description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=parse_seconds, default=15.0, help="measured seconds per side (15s)")
+    parser.add_argument("--warmup", type=parse_seconds, default=3.0, help="warm-up seconds per side (3s)")
+    parser.add_argument("--concurrency", type=int, default=4, help="connections (default 4)")
+    parser.add_argument("--rounds", type=int, default=2, help="on/off pairs per workload (default 2)")
+    parser.add_argument("--hits", type=int, default=400, help="requests for the hit time (default 400)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    workers = plan_layout(usable_cores(), "auto", "auto").workers
+    quiet = {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}
+    with tempfile.TemporaryDirectory(prefix="onnxpool-cache-bench-") as tmp:
+        folder = Path(tmp)
+        on = start_server(folder, quiet, workers=workers, name="cache-on")
+        try:
+            off = start_server(folder, {**quiet, "ONNXPOOL_CACHE__ENABLED": "false"}, workers=workers, name="off")
+            try:
+                started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                cat = CAT_JPEG.read_bytes()
+                print("hit time ...", file=sys.stderr)
+                result: dict[str, Any] = {
+                    "measured_at": started,
+                    "workers": workers,
+                    "concurrency": args.concurrency,
+                    "duration_s": args.duration,
+                    "hit_server_time": server_times(on, cat, args.hits),
+                    "computed_server_time": server_times(off, cat, max(50, args.hits // 4)),
+                }
+                print("throughput, half of the requests repeating ...", file=sys.stderr)
+                result["half_repeats"] = compare(on, off, 0.5, args)
+                print("throughput, no repeats ...", file=sys.stderr)
+                result["no_repeats"] = compare(on, off, 0.0, args)
+            finally:
+                off.stop()
+        finally:
+            on.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
