@@ -1,6 +1,6 @@
 """Micro-benchmark of the response cache (not a test): lookup latency of a hit.
 
-    python tools/bench_response_cache.py [--redis-url redis://127.0.0.1:6379/0] [--n 20000]
+    .venv/bin/python -m benchmarks.response_cache_store [--redis-url redis://127.0.0.1:6379/0] [--n 20000]
 
 Local store: a fresh SQLite store in a tmpfs folder (/dev/shm) filled with 2000
 entries; measures ResponseCache.lookup (SELECT + decode + counters) for 1 KB and
