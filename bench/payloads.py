@@ -74,6 +74,12 @@ def random_tensor(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
     return rng.integers(0, min(100, np.iinfo(dtype).max), dims).astype(dtype)
 
 
+# A bench run sends ONE payload over and over; the response cache would answer all but the
+# first, and the run would measure the cache instead of the model. These requests bypass it
+# (neither read nor written); `--repeat-fraction` (bench/repeats.py) measures the cache.
+BYPASS_CACHE = {"Cache-Control": "no-store"}
+
+
 def infer_path(model: str) -> str:
     return f"/v2/models/{urllib.parse.quote(model)}/infer"
 
@@ -91,7 +97,7 @@ def _v2_request(model: str, inputs: list[InputSpec], batch: int, binary: bool) -
         # The float text (so the server's parse cost) of a plain Python client:
         # tritonclient and friends write `tensor.tolist()` with json.dumps.
         encoded = encode_infer_request(tensors, python_floats=True)
-    return PreparedRequest("POST", infer_path(model), encoded.body, encoded.headers, batch)
+    return PreparedRequest("POST", infer_path(model), encoded.body, {**encoded.headers, **BYPASS_CACHE}, batch)
 
 
 def v2_binary_request(model: str, inputs: list[InputSpec], batch: int) -> PreparedRequest:
@@ -127,7 +133,7 @@ def predict_request(image: Path, batch: int, path: str = "/predict") -> Prepared
     data = image.read_bytes()
     content_type = IMAGE_TYPES.get(image.suffix.lower(), "application/octet-stream")
     body, body_type = multipart_body("image", [(image.name, data, content_type)] * batch)
-    return PreparedRequest("POST", path, body, {"Content-Type": body_type}, batch)
+    return PreparedRequest("POST", path, body, {"Content-Type": body_type, **BYPASS_CACHE}, batch)
 
 
 def prepare(

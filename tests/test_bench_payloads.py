@@ -58,3 +58,9 @@ def test_predict_multipart_parses_with_werkzeug() -> None:
     finally:
         for f in images:
             f.close()
+
+
+def test_one_payload_runs_bypass_the_response_cache() -> None:
+    """Sent over and over, one payload would measure the cache, not the model (--repeat-fraction measures it)."""
+    for prepared in (predict_request(CAT_JPEG, batch=1), v2_binary_request("m", SPEC, batch=1)):
+        assert prepared.headers["Cache-Control"] == "no-store"
