@@ -145,6 +145,8 @@ class ReplyCache:
             return compute()
         start = time.perf_counter()
         control = rc.parse_cache_control(request.headers.getlist("Cache-Control"), request.headers.get("Pragma"))
+        if not control.read and not control.write:  # no-store: no key to hash, nothing to look up
+            return self._mark(compute(), "miss", time.perf_counter() - start)
         key = rc.cache_key(
             model_digest=self.model_digest,
             settings_fingerprint=self.fingerprint,
