@@ -79,6 +79,13 @@ def _tune(args: argparse.Namespace) -> int:
     return tune_command(args)
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    """Static INT8 of a float model, accuracy-guarded and measured (logic in bench.quantize)."""
+    from onnxpool.bench.cli import quantize_command
+
+    return quantize_command(args)
+
+
 def _nginx_config(args: argparse.Namespace) -> int:
     """Write the nginx site for these settings (stdout, or --output)."""
     overrides: dict[str, object] = {}
@@ -134,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="measure the worker layouts and recommend (or --write) the best")
     bench_cli.add_tune_arguments(tune)
     tune.set_defaults(func=_tune)
+
+    quantize = commands.add_parser("quantize", help="static INT8 of a float model, as accurate as a budget allows")
+    bench_cli.add_quantize_arguments(quantize)
+    quantize.set_defaults(func=_quantize)
 
     nginx = commands.add_parser("nginx-config", help="write the nginx site for these settings (docs/DEPLOYING.md)")
     nginx.add_argument("--config", help="TOML settings file")
