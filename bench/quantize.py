@@ -545,10 +545,14 @@ def search_exclusions(
     """The fewest float layers (`candidates` in graph order) for which disagreement <= budget.
 
     1. Contiguous prefixes of 0..max_float layers; the first that meets the budget wins.
-    2. Backward: drop each float layer of the winner whose removal keeps the budget.
-    3. Only if no prefix met it: greedy forward from the best prefix, each round trying the
+       Then it is trimmed from its first layer on while the budget holds, so the float
+       layers stay ONE contiguous run: each extra float island costs a DequantizeLinear,
+       float kernels and a QuantizeLinear (EfficientNet-Lite0: 8 scattered float layers
+       1.53x FP32's speed, a 6-layer prefix 1.8x).
+    2. Only if no prefix met it: greedy forward from the best prefix, each round trying the
        next `beam` layers of `ranked` (widest calibrated output range first) and keeping
-       the one that lowers disagreement (then mean KL) most, up to max_float layers.
+       the one that lowers disagreement (then mean KL) most, up to max_float layers; then
+       a backward pass drops every float layer that is not needed.
     `evaluate` is cached by exclusion set, so nothing is measured twice.
     """
     result = SearchResult((), math.inf, False)
@@ -578,6 +582,8 @@ def search_exclusions(
             best_prefix = (score(acc), prefix)
         if acc.disagreement(gate) <= budget:
             winner = prefix
+            while len(winner) > 1 and trial(winner[1:], "trim").disagreement(gate) <= budget:
+                winner = winner[1:]
             break
     if winner is None and best_prefix is not None:
         current = list(best_prefix[1])
@@ -594,11 +600,11 @@ def search_exclusions(
             current_score = new_score
         if current_score[0] <= budget:
             winner = current
+            for node in list(winner):
+                shorter = [n for n in winner if n != node]
+                if trial(shorter, "backward").disagreement(gate) <= budget:
+                    winner = shorter
     if winner is not None:
-        for node in list(winner):
-            shorter = [n for n in winner if n != node]
-            if trial(shorter, "backward").disagreement(gate) <= budget:
-                winner = shorter
         result.best = tuple(winner)
         result.best_disagreement = seen[tuple(sorted(winner))].disagreement(gate)
         result.met = True
