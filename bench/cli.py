@@ -165,10 +165,21 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         help="raw tensors, decode+preprocess+infer of --image, or both (default; image skipped if unavailable)",
     )
     parser.add_argument("--image", type=Path, default=CAT_JPEG, help=f"image for the image pipeline ({CAT_JPEG.name})")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="also measure this ONNX file (e.g. the INT8 model), same layout and pipeline, in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=_positive, help="measurements per model (default 1; 3 with --compare)")
 
 
 def limit_command(args: argparse.Namespace) -> int:
-    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_limit
+    import numpy as np
+
+    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_alternating, median_ratio
     from onnxpool.bench.report import format_table
     from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.workers.cores import plan_layout, usable_cores
@@ -178,8 +189,9 @@ def limit_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     model = args.model or settings.model.path
-    if not Path(model).is_file():
-        return _fail(f"model file {model} does not exist")
+    for path in (model, *args.compare):
+        if not Path(path).is_file():
+            return _fail(f"model file {path} does not exist")
     workers = args.workers or settings.server.workers
     threads = args.threads_per_worker or settings.server.threads_per_worker
     layout = plan_layout(usable_cores(), workers, threads)
@@ -189,34 +201,59 @@ def limit_command(args: argparse.Namespace) -> int:
             return _fail("the image pipeline (server.imaging) is not installed in this onnxpool")
         print("image pipeline: skipped (server.imaging is not installed)", file=sys.stderr)
         pipelines.remove("image")
+    models = {str(m): Path(m) for m in (model, *args.compare)}
+    rounds = args.rounds or (3 if args.compare else 1)
     rows = []
     for pipeline in pipelines:
-        print(
-            f"measuring {pipeline} on {layout.workers}x{layout.threads} for {args.duration:.0f}s ...", file=sys.stderr
-        )
-        plan = LimitPlan(
-            Path(model),
-            layout,
-            batch=args.batch,
-            pipeline=pipeline,  # type: ignore[arg-type]
-            duration=args.duration,
-            warmup=args.warmup,
-            spin=settings.server.spin,
-            optimization=settings.model.graph_optimization_level,
-            image=args.image.read_bytes() if pipeline == "image" else None,
-            preprocess=settings.model.preprocess,
-            limits=settings.limits,
-        )
-        rows.append(measure_limit(plan).summary())
+        plans = {
+            name: LimitPlan(
+                path,
+                layout,
+                batch=args.batch,
+                pipeline=pipeline,  # type: ignore[arg-type]
+                duration=args.duration,
+                warmup=args.warmup,
+                spin=settings.server.spin,
+                optimization=settings.model.graph_optimization_level,
+                image=args.image.read_bytes() if pipeline == "image" else None,
+                preprocess=settings.model.preprocess,
+                limits=settings.limits,
+            )
+            for name, path in models.items()
+        }
+
+        def step(r: int, name: str, pipeline: str = pipeline) -> None:
+            print(
+                f"measuring {pipeline} of {Path(name).name} on {layout.workers}x{layout.threads} "
+                f"for {args.duration:.0f}s (round {r + 1}/{rounds}) ...",
+                file=sys.stderr,
+            )
+
+        results = measure_alternating(plans, rounds, step)
+        first = next(iter(models))
+        for name, measured in results.items():
+            latencies = np.concatenate([r.latencies for r in measured]) * 1000
+            row = {
+                **measured[0].summary(),
+                "model": name,
+                "items_per_s": round(float(np.median([r.items_per_second for r in measured])), 2),
+                "vs_first": round(median_ratio(results, name, first), 3),
+                "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else float("nan"),
+                "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else float("nan"),
+            }
+            rows.append(row)
     columns = (
         ("pipeline", "pipeline", "{}"),
+        *((("model", "model", "{}"),) if args.compare else ()),
         ("layout", "workers x threads", "{}"),
         ("batch", "batch", "{}"),
         ("items_per_s", "items/s", "{:.1f}"),
+        *((("vs_first", f"x {Path(first).name}", "{:.2f}"),) if args.compare else ()),
         ("p50_ms", "p50 ms/call", "{:.1f}"),
         ("p99_ms", "p99 ms/call", "{:.1f}"),
     )
-    print(f"# in-process limit of {model} (pinned processes, no HTTP)")
+    rounds_note = f", median of {rounds} alternating rounds" if rounds > 1 else ""
+    print(f"# in-process limit of {', '.join(models)} (pinned processes, no HTTP{rounds_note})")
     print(format_table(rows, columns))
     return 0
 
@@ -291,6 +328,7 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="apply --max-disagreement to all images (default) or only where FP32's top-1 leads by --decisive-margin",
     )
+    parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
     parser.add_argument("--decisive-margin", type=_fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
     parser.add_argument("--method", choices=("MinMax", "Entropy", "Percentile"), default="MinMax", help="calibration")
     parser.add_argument("--views", type=_positive, default=1, help="per photo: itself, its mirror, random crops (1)")
@@ -327,6 +365,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         eval=args.eval,
         eval_labels=args.eval_labels,
         max_disagreement=args.max_disagreement,
+        max_kl=args.max_kl,
         gate=args.gate,
         decisive_margin=args.decisive_margin,
         calibrate_method=args.method,
@@ -355,7 +394,7 @@ def quantize_command(args: argparse.Namespace) -> int:
             f"INT8 {acc['int8_top5_accuracy']:.3f}"
         )
     if report["speed"] is not None:
-        print(f"speed: INT8 {report['speed']['int8_speedup']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
+        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
     return 0
 
 

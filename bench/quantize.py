@@ -527,6 +527,7 @@ class SearchResult:
     best: tuple[str, ...]
     best_disagreement: float
     met: bool
+    best_mean_kl: float = math.inf
     trials: list[Trial] = field(default_factory=list)
 
 
@@ -541,8 +542,10 @@ def search_exclusions(
     gate: str = "all",
     max_float: int = 12,
     beam: int = 4,
+    max_kl: float | None = None,
 ) -> SearchResult:
-    """The fewest float layers (`candidates` in graph order) for which disagreement <= budget.
+    """The fewest float layers (`candidates` in graph order) for which disagreement <= budget
+    (and mean KL <= max_kl, if given).
 
     1. Contiguous prefixes of 0..max_float layers; the first that meets the budget wins.
        Then it is trimmed from its first layer on while the budget holds, so the float
@@ -558,20 +561,25 @@ def search_exclusions(
     result = SearchResult((), math.inf, False)
     seen: dict[tuple[str, ...], Accuracy] = {}
 
-    def trial(excluded: Sequence[str], phase: str) -> Accuracy:
-        key = tuple(sorted(excluded))
-        if key not in seen:
-            seen[key] = evaluate(list(excluded))
-            acc = seen[key]
-            result.trials.append(Trial(tuple(excluded), acc.disagreement(gate), acc.mean_kl, phase))
-            if acc.disagreement(gate) < result.best_disagreement or (
-                acc.disagreement(gate) == result.best_disagreement and len(excluded) < len(result.best)
-            ):
-                result.best, result.best_disagreement = tuple(excluded), acc.disagreement(gate)
-        return seen[key]
-
     def score(acc: Accuracy) -> tuple[float, float]:
         return (acc.disagreement(gate), acc.mean_kl)
+
+    def meets(acc: Accuracy) -> bool:
+        return acc.disagreement(gate) <= budget and (max_kl is None or acc.mean_kl <= max_kl)
+
+    best_score = (math.inf, math.inf)
+
+    def trial(excluded: Sequence[str], phase: str) -> Accuracy:
+        nonlocal best_score
+        key = tuple(sorted(excluded))
+        if key not in seen:
+            acc = seen[key] = evaluate(list(excluded))
+            result.trials.append(Trial(tuple(excluded), acc.disagreement(gate), acc.mean_kl, phase))
+            if score(acc) < best_score:
+                best_score = score(acc)
+                result.best, result.best_disagreement = tuple(excluded), acc.disagreement(gate)
+                result.best_mean_kl = acc.mean_kl
+        return seen[key]
 
     winner: list[str] | None = None
     best_prefix: tuple[tuple[float, float], list[str]] | None = None
@@ -580,33 +588,34 @@ def search_exclusions(
         acc = trial(prefix, "prefix")
         if best_prefix is None or score(acc) < best_prefix[0]:
             best_prefix = (score(acc), prefix)
-        if acc.disagreement(gate) <= budget:
+        if meets(acc):
             winner = prefix
-            while len(winner) > 1 and trial(winner[1:], "trim").disagreement(gate) <= budget:
+            while len(winner) > 1 and meets(trial(winner[1:], "trim")):
                 winner = winner[1:]
             break
     if winner is None and best_prefix is not None:
         current = list(best_prefix[1])
-        current_score = best_prefix[0]
-        while current_score[0] > budget and len(current) < max_float:
+        current_acc = trial(current, "prefix")
+        while not meets(current_acc) and len(current) < max_float:
             pool = [c for c in ranked if c not in current][:beam]
             if not pool:
                 break
-            scored = [(score(trial([*current, c], "forward")), c) for c in pool]
-            new_score, choice = min(scored)
-            if new_score >= current_score:
+            tried = [(score(trial([*current, c], "forward")), c) for c in pool]
+            new_score, choice = min(tried)
+            if new_score >= score(current_acc):
                 break
             current.append(choice)
-            current_score = new_score
-        if current_score[0] <= budget:
+            current_acc = trial(current, "forward")
+        if meets(current_acc):
             winner = current
             for node in list(winner):
                 shorter = [n for n in winner if n != node]
-                if trial(shorter, "backward").disagreement(gate) <= budget:
+                if meets(trial(shorter, "backward")):
                     winner = shorter
     if winner is not None:
         result.best = tuple(winner)
         result.best_disagreement = seen[tuple(sorted(winner))].disagreement(gate)
+        result.best_mean_kl = seen[tuple(sorted(winner))].mean_kl
         result.met = True
     return result
 
@@ -614,46 +623,31 @@ def search_exclusions(
 # -- speed --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SpeedComparison:
-    """items/s of each model per round (rounds alternate the order), and the median ratio."""
-
-    layout: str
-    seconds_per_round: float
-    rounds: int
-    items_per_s: dict[str, list[float]]
-
-    def median(self, name: str) -> float:
-        return float(np.median(self.items_per_s[name]))
-
-    def speedup(self, name: str, reference: str) -> float:
-        ratios = np.array(self.items_per_s[name]) / np.array(self.items_per_s[reference])
-        return float(np.median(ratios))
-
-
 def compare_speed(
-    models: dict[str, Path],
-    seconds: float,
-    rounds: int,
-    workers: int | None = None,
-    threads: int | None = None,
-    progress: Progress | None = None,
-) -> SpeedComparison:
-    """`bench.limit` measurements of each model, pinned, same layout, rounds alternating the order."""
-    from onnxpool.bench.limit import LimitPlan, measure_limit
+    models: dict[str, Path], seconds: float, rounds: int, progress: Progress | None = None
+) -> dict[str, Any]:
+    """`bench.limit` on each model: one pinned single-threaded process, rounds alternating the order."""
+    from onnxpool.bench.limit import LimitPlan, measure_alternating, median_ratio
     from onnxpool.workers.cores import plan_layout, usable_cores
 
-    layout = plan_layout(usable_cores(), workers or 1, threads or 1)
+    layout = plan_layout(usable_cores(), 1, 1)
+    plans = {name: LimitPlan(path, layout, duration=seconds, warmup=min(1.0, seconds)) for name, path in models.items()}
+
+    def step(r: int, name: str) -> None:
+        if progress is not None:
+            progress.status(f"speed: round {r + 1}/{rounds}, {name}", force=True)
+
+    results = measure_alternating(plans, rounds, step)
     names = list(models)
-    results: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            if progress is not None:
-                progress.status(f"speed: round {r + 1}/{rounds}, {name}", force=True)
-            plan = LimitPlan(models[name], layout, duration=seconds, warmup=min(1.0, seconds))
-            results[name].append(measure_limit(plan).items_per_second)
-    return SpeedComparison(f"{layout.workers}x{layout.threads}", seconds, rounds, results)
+    return {
+        "layout": f"{layout.workers}x{layout.threads}",
+        "seconds_per_round": seconds,
+        "rounds": rounds,
+        "items_per_s": {n: [round(r.items_per_second, 2) for r in results[n]] for n in names},
+        "p50_ms": {n: [round(r.percentile(50) * 1000, 3) for r in results[n]] for n in names},
+        "speedup": {n: median_ratio(results, n, names[0]) for n in names[1:]},
+        "measured_with": "onnxpool.bench.limit (spawned process, pinned, alternating rounds)",
+    }
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -670,6 +664,7 @@ class QuantizeOptions:
     eval: Path | None = None
     eval_labels: Path | None = None
     max_disagreement: float = 0.03
+    max_kl: float | None = None
     gate: str = "all"
     decisive_margin: float = 0.1
     calibrate_method: CalibMethod = "MinMax"
@@ -778,25 +773,23 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             opts.max_disagreement,
             opts.gate,
             opts.max_float,
+            max_kl=opts.max_kl,
         )
         if not search.met:
             raise QuantizeError(
-                f"no candidate met --max-disagreement {opts.max_disagreement} ({opts.gate} images) with up to "
-                f"{opts.max_float} float layers; best reached: {search.best_disagreement:.4f} disagreement with "
-                f"{len(search.best)} float layers; nothing written"
+                f"no candidate met --max-disagreement {opts.max_disagreement} ({opts.gate} images)"
+                f"{'' if opts.max_kl is None else f' and --max-kl {opts.max_kl}'} with up to {opts.max_float} "
+                f"float layers; best reached: {search.best_disagreement:.4f} disagreement (mean KL "
+                f"{search.best_mean_kl:.4f}) with {len(search.best)} float layers; nothing written"
             )
         final_nodes = with_activations(pre, [*opts.exclude, *search.best])
         final = quantize_with(pre, work / "final.onnx", recipe.with_excluded(final_nodes), reader, cache)
-        accuracy = compare_logits(ref, run_logits(build_session(final, threads), judge.arrays), judge.labels)
+        logits = run_logits(build_session(final, threads), judge.arrays)
+        accuracy = compare_logits(ref, logits, judge.labels, opts.decisive_margin)
         speed = None
         if opts.speed_seconds > 0 and opts.speed_rounds > 0:
-            speed = compare_speed(
-                {"fp32": pre, "int8": final}, opts.speed_seconds, opts.speed_rounds, progress=progress
-            )
-            progress.done(
-                f"speed ({speed.layout}, pinned): FP32 {speed.median('fp32'):.1f}/s, INT8 {speed.median('int8'):.1f}/s,"
-                f" {speed.speedup('int8', 'fp32'):.2f}x"
-            )
+            speed = compare_speed({"fp32": pre, "int8": final}, opts.speed_seconds, opts.speed_rounds, progress)
+            progress.done(f"speed ({speed['layout']}, pinned): INT8 {speed['speedup']['int8']:.2f}x FP32")
         report: dict[str, Any] = {
             "model": str(opts.model),
             "output": str(opts.output),
@@ -823,16 +816,22 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             "calibration": {**calib.describe(), "views_per_file": opts.views, "seconds": round(calibration_seconds, 2)},
             "eval": None if held_out is None else {**held_out.describe(), "views_per_file": opts.views},
             "judged_on": "eval" if held_out is not None else "calibration (no --eval: not held out)",
-            "budget": {"max_disagreement": opts.max_disagreement, "gate": opts.gate, "met": True},
+            "budget": {
+                "max_disagreement": opts.max_disagreement,
+                "gate": opts.gate,
+                "decisive_margin": opts.decisive_margin,
+                "max_kl": opts.max_kl,
+                "met": True,
+            },
+            "selection_note": "the search chose among candidates on the images it is judged on, so the final "
+            "agreement is optimistic by about the noise of a few images",
             "accuracy": asdict(accuracy),
             "search": {
                 "candidates": len(candidates),
                 "evaluated": len(search.trials),
                 "trials": [asdict(t) for t in search.trials],
             },
-            "speed": None
-            if speed is None
-            else {**asdict(speed), "int8_speedup": speed.speedup("int8", "fp32"), "measured_with": "bench.limit"},
+            "speed": speed,
             "sizes_bytes": {"fp32": opts.model.stat().st_size, "int8": final.stat().st_size},
         }
         _atomic_write(opts.output, lambda p: p.write_bytes(final.read_bytes()))

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, load_settings
+from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, config_file_named, load_settings
 from onnxpool.config.nginx import render_site, upstream_servers
 from onnxpool.server.auth import mask_key
 
@@ -23,7 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Replace this process with gunicorn running gunicorn.conf.py (same pid, same signals)."""
     env = dict(os.environ)
     if args.config:
-        env[ENV_CONFIG_FILE] = str(Path(args.config).resolve())
+        env[ENV_CONFIG_FILE] = str(config_file_named(args.config).resolve())
     if args.bind:
         env["ONNXPOOL_SERVER__BIND"] = args.bind
     if args.workers:
@@ -118,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the server (gunicorn + the configured model)")
-    serve.add_argument("--config", help=f"TOML settings file (default: ${ENV_CONFIG_FILE} or config/onnxpool.toml)")
+    serve.add_argument(
+        "--config",
+        help=f"TOML settings file, or a shipped one by name, e.g. efficientnet-lite0-int8 "
+        f"(default: ${ENV_CONFIG_FILE} or config/onnxpool.toml)",
+    )
     serve.add_argument("--bind", help="override server.bind, e.g. 127.0.0.1:9000 or unix:/run/onnxpool.sock")
     serve.add_argument("--workers", type=int, help="override server.workers")
     serve.add_argument("--threads-per-worker", type=int, help="override server.threads_per_worker")

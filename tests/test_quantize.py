@@ -96,7 +96,7 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     assert accuracy["top1_agreement"] >= 0.85 and accuracy["labelled"] == 32
     assert accuracy["fp32_top1_accuracy"] is not None and accuracy["int8_top5_accuracy"] is not None
     assert report["search"]["trials"][0]["excluded"] == []
-    assert report["speed"]["int8_speedup"] > 0  # default: measured with bench.limit's pinned processes
+    assert report["speed"]["speedup"]["int8"] > 0  # default: measured with bench.limit's pinned processes
 
 
 def test_the_search_keeps_the_fragile_layer_float(work: Path, tmp_path: Path) -> None:
@@ -231,3 +231,13 @@ def test_compare_logits() -> None:
     assert acc.top1_agreement == pytest.approx(2 / 3)
     assert acc.decisive_n == 2 and acc.decisive_agreement == 1.0  # the near-tie is not decisive
     assert acc.labelled == 2 and acc.fp32_top1_accuracy == 1.0 and acc.int8_top1_accuracy == 0.5
+
+
+def test_search_with_a_kl_bound() -> None:
+    def evaluate(excluded: Sequence[str]) -> Accuracy:
+        acc = _acc(0.0)  # every candidate agrees top-1; only keeping "c" float brings the KL down
+        return Accuracy(**{**acc.__dict__, "mean_kl": 0.01 if "c" in excluded else 0.05})
+
+    result = search_exclusions(["a", "b", "c", "d"], [], evaluate, budget=0.01, max_kl=0.02)
+    assert result.met and result.best == ("c",)
+    assert search_exclusions(["a", "b", "c", "d"], [], evaluate, budget=0.01).best == ()
