@@ -146,6 +146,8 @@ def list_files(folder: Path, what: str) -> list[Path]:
         raise QuantizeError(f"{what} folder {folder} does not exist")
     if not folder.is_dir():
         raise QuantizeError(f"{what} folder {folder} is not a folder")
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise QuantizeError(f"{what} folder {folder} cannot be read: permission denied")
     try:
         files = sorted(
             p

@@ -241,3 +241,18 @@ def test_search_with_a_kl_bound() -> None:
     result = search_exclusions(["a", "b", "c", "d"], [], evaluate, budget=0.01, max_kl=0.02)
     assert result.met and result.best == ("c",)
     assert search_exclusions(["a", "b", "c", "d"], [], evaluate, budget=0.01).best == ()
+
+
+def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
+    from onnxpool.bench.quantize import QuantizeError, class_index, read_label_file
+
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("# file<TAB>class\na.jpg\ttabby\nsub/b.png,3\n")
+    assert read_label_file(labels) == {"a.jpg": "tabby", "sub/b.png": "3"}
+    names = ["goldfish", "Tabby", "tiger cat", "x"]
+    assert class_index("tabby", names) == 1 and class_index("3", names) == 3
+    with pytest.raises(QuantizeError, match="neither"):
+        class_index("zebra", names)
+    labels.write_text("a.jpg\n")
+    with pytest.raises(QuantizeError, match="line 1"):
+        read_label_file(labels)
