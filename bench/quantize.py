@@ -289,8 +289,9 @@ def _labels_for(
 # -- model --------------------------------------------------------------------------------------
 
 
-def float_input(model_path: Path) -> str:
-    """The name of the model's one float32 input; QuantizeError otherwise."""
+def float_input(model_path: Path, image_shape: Sequence[int] | None = None) -> str:
+    """The name of the model's one float32 input; QuantizeError otherwise, or if its static
+    dimensions do not fit `image_shape` (one preprocessed image, without the batch axis)."""
     import onnx
 
     try:
@@ -303,6 +304,16 @@ def float_input(model_path: Path) -> str:
     if len(inputs) != 1 or not floats:
         kinds = ", ".join(f"{i.name}: {onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type)}" for i in inputs)
         raise QuantizeError(f"model {model_path} needs exactly one float32 input to quantize; it has {kinds or 'none'}")
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in floats[0].type.tensor_type.shape.dim]
+    if image_shape is not None and (
+        len(dims) != len(image_shape) + 1
+        or any(d is not None and d != want for d, want in zip(dims[1:], image_shape, strict=True))
+    ):
+        shown = ", ".join("?" if d is None else str(d) for d in dims)
+        raise QuantizeError(
+            f"model input {floats[0].name!r} is [{shown}] but [model.preprocess] makes images of "
+            f"{list(image_shape)}: pass the model's settings with --config"
+        )
     return str(floats[0].name)
 
 
@@ -714,8 +725,8 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
         raise QuantizeError(f"[model.preprocess] dtype is {opts.preprocess.dtype}; quantize needs a float32 input")
     if not opts.output.parent.is_dir():
         raise QuantizeError(f"output folder {opts.output.parent} does not exist")
-    input_name = float_input(opts.model)
     pipeline = ImagePipeline(opts.preprocess, opts.limits)
+    input_name = float_input(opts.model, pipeline.input_shape)
     calib = load_images(opts.calibration, pipeline, "calibration", opts.views, progress)
     held_out = (
         load_images(opts.eval, pipeline, "eval", opts.views, progress, opts.eval_labels, opts.class_names)

@@ -179,8 +179,12 @@ def test_models_that_cannot_be_quantized(work: Path, tmp_path: Path, capsys: pyt
     )
     _save(graph, tmp_path / "ints.onnx", opset=17)
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
-    for model, expected in (("ints.onnx", "float32 input"), ("junk.onnx", "not an ONNX model"), ("none", "exist")):
-        assert quantize(work, tmp_path / model, tmp_path / "o.onnx") == 2
+    cases = [("ints.onnx", "float32 input"), ("junk.onnx", "not an ONNX model"), ("none", "exist")]
+    cases.append((str(work / "plain.onnx"), "pass the model's settings with --config"))  # 16x16 model, 24x24 images
+    (work / "big.toml").write_text("[model.preprocess]\nresize = 24\ncrop = 24\n")
+    for model, expected in cases:
+        config = work / ("big.toml" if model.startswith("/") else "settings.toml")
+        assert quantize(work, tmp_path / model, tmp_path / "o.onnx", "--config", str(config)) == 2
         assert expected in one_error_line(capsys)
     assert not (tmp_path / "o.onnx").exists()
 
