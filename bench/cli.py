@@ -8,6 +8,7 @@ Errors an operator can fix are one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -376,10 +377,14 @@ def quantize_command(args: argparse.Namespace) -> int:
         speed_rounds=args.speed_rounds,
         config_file=args.config,
     )
+    # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = run_quantize(options, Progress(enabled=not args.quiet))
     except QuantizeError as exc:
         return _fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     acc = report["accuracy"]
     print(f"wrote {args.output} and {report_path(args.output)}")
     print(
