@@ -524,6 +524,19 @@ def compare_logits(
     )
 
 
+def grey_level_noise(images: FloatArray, spec: PreprocessSettings, levels: float = 0.5, seed: int = 0) -> FloatArray:
+    """`images` plus uniform +-`levels` grey levels of noise, in the model's normalised units.
+
+    FP32 on these vs FP32 on the originals is the noise floor of the agreement numbers: on
+    near-ties FP32 flips its own top-1 under noise far below what a JPEG re-encode adds.
+    """
+    step = np.asarray(spec.scale, np.float64) / np.asarray(spec.std, np.float64)
+    step = step[:, None, None] if spec.layout == "NCHW" else step
+    noise = np.random.default_rng(seed).uniform(-levels, levels, images.shape) * step
+    noisy: FloatArray = (images + noise).astype(np.float32)
+    return noisy
+
+
 # -- search -------------------------------------------------------------------------------------
 
 
@@ -760,7 +773,13 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
         judge = held_out if held_out is not None else calib
         fp32 = build_session(pre, threads)
         ref = run_logits(fp32, judge.arrays, progress, "FP32 reference")
-        del fp32
+        noisy = grey_level_noise(judge.arrays, opts.preprocess)
+        floor = compare_logits(ref, run_logits(fp32, noisy), judge.labels, opts.decisive_margin)
+        del fp32, noisy
+        progress.done(
+            f"FP32 vs FP32 with +-0.5 grey-level noise: top-1 agreement {floor.top1_agreement:.3f}, "
+            f"decisive {floor.decisive_agreement:.3f} (the noise floor of these images)"
+        )
         evaluated = 0
 
         def evaluate(excluded: Sequence[str]) -> Accuracy:
@@ -793,7 +812,8 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
                 f"no candidate met --max-disagreement {opts.max_disagreement} ({opts.gate} images)"
                 f"{'' if opts.max_kl is None else f' and --max-kl {opts.max_kl}'} with up to {opts.max_float} "
                 f"float layers; best reached: {search.best_disagreement:.4f} disagreement (mean KL "
-                f"{search.best_mean_kl:.4f}) with {len(search.best)} float layers; nothing written"
+                f"{search.best_mean_kl:.4f}) with {len(search.best)} float layers (FP32 itself under +-0.5 "
+                f"grey-level noise: {floor.disagreement(opts.gate):.4f}); nothing written"
             )
         final_nodes = with_activations(pre, [*opts.exclude, *search.best])
         final = quantize_with(pre, work / "final.onnx", recipe.with_excluded(final_nodes), reader, cache)
@@ -839,6 +859,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             "selection_note": "the search chose among candidates on the images it is judged on, so the final "
             "agreement is optimistic by about the noise of a few images",
             "accuracy": asdict(accuracy),
+            "fp32_noise_floor": {"noise_grey_levels": 0.5, **asdict(floor)},
             "search": {
                 "candidates": len(candidates),
                 "evaluated": len(search.trials),

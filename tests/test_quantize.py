@@ -95,6 +95,7 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     accuracy = report["accuracy"]
     assert accuracy["top1_agreement"] >= 0.85 and accuracy["labelled"] == 32
     assert accuracy["fp32_top1_accuracy"] is not None and accuracy["int8_top5_accuracy"] is not None
+    assert 0.5 <= report["fp32_noise_floor"]["top1_agreement"] <= 1.0
     assert report["search"]["trials"][0]["excluded"] == []
     assert report["speed"]["speedup"]["int8"] > 0  # default: measured with bench.limit's pinned processes
 
@@ -260,3 +261,14 @@ def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
     labels.write_text("a.jpg\n")
     with pytest.raises(QuantizeError, match="line 1"):
         read_label_file(labels)
+
+
+def test_grey_level_noise_is_in_normalised_units() -> None:
+    from onnxpool.bench.quantize import grey_level_noise
+    from onnxpool.config.settings import PreprocessSettings
+
+    spec = PreprocessSettings(mean=(0.0, 0.0, 0.0), std=(1.0, 2.0, 4.0), scale=1.0)
+    images = np.zeros((4, 3, 8, 8), np.float32)
+    noisy = grey_level_noise(images, spec)
+    assert noisy.dtype == np.float32
+    assert [float(np.abs(noisy[:, c]).max()) for c in range(3)] == pytest.approx([0.5, 0.25, 0.125], rel=0.05)
