@@ -33,8 +33,8 @@ PIPELINES: tuple[Pipeline, ...] = ("raw", "image")
 
 
 def image_pipeline_available() -> bool:
-    """True when `server.imaging` (the /predict image pipeline) is installed."""
-    return importlib.util.find_spec("server.imaging") is not None
+    """True when `onnxpool.server.imaging` (the /predict image pipeline) is installed."""
+    return importlib.util.find_spec("onnxpool.server.imaging") is not None
 
 
 @dataclass(frozen=True)
