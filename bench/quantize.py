@@ -3,7 +3,7 @@
 The steps, each in one function below:
 
 1. Images: every file of a folder goes through the server's OWN preprocessing
-   (`server.imaging.ImagePipeline` with `[model.preprocess]` of the active settings), so
+   (`onnxpool.server.imaging.ImagePipeline`, `[model.preprocess]` of the active settings), so
    the INT8 model is calibrated and judged on exactly what it will see in production.
    Files that are not images are skipped and counted. `views` > 1 adds the mirror and
    random crops of each photo (seeded by its name, so runs repeat).
@@ -12,11 +12,12 @@ The steps, each in one function below:
    without an int8 dot-product instruction (VNNI): there, u8 x s8 pairs can saturate
    int16; with VNNI they cannot and 7 bits only cost accuracy.
 3. Accuracy guard (`search_exclusions`): each candidate is compared with the FP32 model on
-   the held-out images. Layers are kept in float until the budget holds, with the fewest
-   float layers: first a contiguous prefix (one float->INT8 boundary, cheap in speed),
-   then a backward pass dropping every float layer that is not needed, then (if the
-   prefix never met the budget) a greedy forward pass over the layers with the widest
-   calibrated output range. Calibration runs once; candidates reuse its ranges.
+   the held-out images (and FP32 with itself under +-0.5 grey-level noise, the floor of
+   those numbers). Layers are kept in float until the budget holds, with the fewest float
+   layers: first a contiguous prefix (one float->INT8 boundary, cheap in speed), trimmed
+   from its start while the budget holds; only if no prefix meets it, a greedy forward
+   pass over the layers with the widest calibrated output range, then a backward pass.
+   Calibration runs once; candidates reuse its ranges.
 4. Speed (`compare_speed`): FP32 and INT8 with `bench.limit`'s pinned, spawned processes,
    same layout, alternating rounds in one run.
 5. Output: the model and `OUT.quantize.json` (versions, CPU flags, settings, image set
