@@ -301,16 +301,6 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
-    return value
-
-
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
     parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
