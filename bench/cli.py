@@ -8,6 +8,7 @@ Errors an operator can fix are one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -165,10 +166,21 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         help="raw tensors, decode+preprocess+infer of --image, or both (default; image skipped if unavailable)",
     )
     parser.add_argument("--image", type=Path, default=CAT_JPEG, help=f"image for the image pipeline ({CAT_JPEG.name})")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="also measure this ONNX file (e.g. the INT8 model), same layout and pipeline, in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=_positive, help="measurements per model (default 1; 3 with --compare)")
 
 
 def limit_command(args: argparse.Namespace) -> int:
-    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_limit
+    import numpy as np
+
+    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_alternating, median_ratio
     from onnxpool.bench.report import format_table
     from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.workers.cores import plan_layout, usable_cores
@@ -178,8 +190,9 @@ def limit_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     model = args.model or settings.model.path
-    if not Path(model).is_file():
-        return _fail(f"model file {model} does not exist")
+    for path in (model, *args.compare):
+        if not Path(path).is_file():
+            return _fail(f"model file {path} does not exist")
     workers = args.workers or settings.server.workers
     threads = args.threads_per_worker or settings.server.threads_per_worker
     layout = plan_layout(usable_cores(), workers, threads)
@@ -189,34 +202,59 @@ def limit_command(args: argparse.Namespace) -> int:
             return _fail("the image pipeline (server.imaging) is not installed in this onnxpool")
         print("image pipeline: skipped (server.imaging is not installed)", file=sys.stderr)
         pipelines.remove("image")
+    models = {str(m): Path(m) for m in (model, *args.compare)}
+    rounds = args.rounds or (3 if args.compare else 1)
     rows = []
     for pipeline in pipelines:
-        print(
-            f"measuring {pipeline} on {layout.workers}x{layout.threads} for {args.duration:.0f}s ...", file=sys.stderr
-        )
-        plan = LimitPlan(
-            Path(model),
-            layout,
-            batch=args.batch,
-            pipeline=pipeline,  # type: ignore[arg-type]
-            duration=args.duration,
-            warmup=args.warmup,
-            spin=settings.server.spin,
-            optimization=settings.model.graph_optimization_level,
-            image=args.image.read_bytes() if pipeline == "image" else None,
-            preprocess=settings.model.preprocess,
-            limits=settings.limits,
-        )
-        rows.append(measure_limit(plan).summary())
+        plans = {
+            name: LimitPlan(
+                path,
+                layout,
+                batch=args.batch,
+                pipeline=pipeline,  # type: ignore[arg-type]
+                duration=args.duration,
+                warmup=args.warmup,
+                spin=settings.server.spin,
+                optimization=settings.model.graph_optimization_level,
+                image=args.image.read_bytes() if pipeline == "image" else None,
+                preprocess=settings.model.preprocess,
+                limits=settings.limits,
+            )
+            for name, path in models.items()
+        }
+
+        def step(r: int, name: str, pipeline: str = pipeline) -> None:
+            print(
+                f"measuring {pipeline} of {Path(name).name} on {layout.workers}x{layout.threads} "
+                f"for {args.duration:.0f}s (round {r + 1}/{rounds}) ...",
+                file=sys.stderr,
+            )
+
+        results = measure_alternating(plans, rounds, step)
+        first = next(iter(models))
+        for name, measured in results.items():
+            latencies = np.concatenate([r.latencies for r in measured]) * 1000
+            row = {
+                **measured[0].summary(),
+                "model": name,
+                "items_per_s": round(float(np.median([r.items_per_second for r in measured])), 2),
+                "vs_first": round(median_ratio(results, name, first), 3),
+                "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else float("nan"),
+                "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else float("nan"),
+            }
+            rows.append(row)
     columns = (
         ("pipeline", "pipeline", "{}"),
+        *((("model", "model", "{}"),) if args.compare else ()),
         ("layout", "workers x threads", "{}"),
         ("batch", "batch", "{}"),
         ("items_per_s", "items/s", "{:.1f}"),
+        *((("vs_first", f"x {Path(first).name}", "{:.2f}"),) if args.compare else ()),
         ("p50_ms", "p50 ms/call", "{:.1f}"),
         ("p99_ms", "p99 ms/call", "{:.1f}"),
     )
-    print(f"# in-process limit of {model} (pinned processes, no HTTP)")
+    rounds_note = f", median of {rounds} alternating rounds" if rounds > 1 else ""
+    print(f"# in-process limit of {', '.join(models)} (pinned processes, no HTTP{rounds_note})")
     print(format_table(rows, columns))
     return 0
 
@@ -260,6 +298,98 @@ def tune_command(args: argparse.Namespace) -> int:
             f"wrote [server] workers = {result.winner.workers}, threads_per_worker = {result.winner.threads} "
             f"to {args.write}"
         )
+    return 0
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
+    parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
+    parser.add_argument("--eval", type=Path, help="folder of held-out images (class subfolders = labels)")
+    parser.add_argument("--eval-labels", type=Path, help="labels file for --eval: 'file<TAB>class' per line")
+    parser.add_argument(
+        "--max-disagreement",
+        type=_fraction,
+        default=0.03,
+        help="largest share of images whose top-1 differs from FP32's (default 0.03)",
+    )
+    parser.add_argument(
+        "--gate",
+        choices=("all", "decisive"),
+        default="all",
+        help="apply --max-disagreement to all images (default) or only where FP32's top-1 leads by --decisive-margin",
+    )
+    parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
+    parser.add_argument("--decisive-margin", type=_fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
+    parser.add_argument("--method", choices=("MinMax", "Entropy", "Percentile"), default="MinMax", help="calibration")
+    parser.add_argument("--views", type=_positive, default=1, help="per photo: itself, its mirror, random crops (1)")
+    parser.add_argument("--max-float", type=int, default=12, help="most layers the search may keep float (12)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
+    parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
+    parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
+    parser.add_argument("--config", help="TOML settings file: [model.preprocess] and [limits] used for the images")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def quantize_command(args: argparse.Namespace) -> int:
+    from onnxpool.bench.progress import Progress
+    from onnxpool.config.loader import ConfigError, load_settings
+
+    try:
+        settings = load_settings(args.config).settings
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
+        from onnxpool.bench.quantize import QuantizeError, QuantizeOptions, report_path, run_quantize
+    except ImportError as exc:
+        return _fail(f"quantize needs the onnx package ({exc.name} is missing): pip install 'onnxpool[quantize]'")
+    labels: tuple[str, ...] = ()
+    if settings.model.labels is not None and Path(settings.model.labels).is_file():
+        labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
+    options = QuantizeOptions(
+        model=args.model or Path(settings.model.path),
+        calibration=args.calibration,
+        output=args.output,
+        preprocess=settings.model.preprocess,
+        limits=settings.limits,
+        class_names=labels,
+        eval=args.eval,
+        eval_labels=args.eval_labels,
+        max_disagreement=args.max_disagreement,
+        max_kl=args.max_kl,
+        gate=args.gate,
+        decisive_margin=args.decisive_margin,
+        calibrate_method=args.method,
+        views=args.views,
+        max_float=args.max_float,
+        exclude=tuple(args.exclude),
+        speed_seconds=args.speed_seconds,
+        speed_rounds=args.speed_rounds,
+        config_file=args.config,
+    )
+    # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = run_quantize(options, Progress(enabled=not args.quiet))
+    except QuantizeError as exc:
+        return _fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    acc = report["accuracy"]
+    print(f"wrote {args.output} and {report_path(args.output)}")
+    print(
+        f"float layers {len(report['float_layers'])}; on {report['judged_on']}: top-1 agreement "
+        f"{acc['top1_agreement']:.3f} (decisive {acc['decisive_agreement']:.3f} of {acc['decisive_n']}), "
+        f"top-5 overlap {acc['top5_overlap']:.3f}, mean KL {acc['mean_kl']:.4f}"
+    )
+    if acc["labelled"]:
+        print(
+            f"labelled {acc['labelled']}: top-1 FP32 {acc['fp32_top1_accuracy']:.3f} INT8 "
+            f"{acc['int8_top1_accuracy']:.3f}; top-5 FP32 {acc['fp32_top5_accuracy']:.3f} "
+            f"INT8 {acc['int8_top5_accuracy']:.3f}"
+        )
+    if report["speed"] is not None:
+        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
     return 0
 
 

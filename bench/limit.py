@@ -33,8 +33,8 @@ PIPELINES: tuple[Pipeline, ...] = ("raw", "image")
 
 
 def image_pipeline_available() -> bool:
-    """True when `server.imaging` (the /predict image pipeline) is installed."""
-    return importlib.util.find_spec("server.imaging") is not None
+    """True when `onnxpool.server.imaging` (the /predict image pipeline) is installed."""
+    return importlib.util.find_spec("onnxpool.server.imaging") is not None
 
 
 @dataclass(frozen=True)
@@ -193,3 +193,31 @@ def _wait_for(results: Any, kind: str, count: int, processes: list[Any], timeout
         if message[0] == kind:
             got.append(message)
     return got
+
+
+def measure_alternating(plans: dict[str, LimitPlan], rounds: int, on_step: Any = None) -> dict[str, list[LimitResult]]:
+    """Each plan `rounds` times, one after the other, the order rotated every round.
+
+    For side-by-side comparisons in ONE run (FP32 vs INT8): load from anything else on the
+    machine then hits every plan alike, and per-round ratios cancel most of it.
+    `on_step(round, name)` is called before each measurement (progress display).
+    """
+    names = list(plans)
+    results: dict[str, list[LimitResult]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if on_step is not None:
+                on_step(r, name)
+            results[name].append(measure_limit(plans[name]))
+    return results
+
+
+def median_ratio(results: dict[str, list[LimitResult]], name: str, reference: str) -> float:
+    """Median over rounds of items/s of `name` divided by items/s of `reference` in the same round."""
+    ratios = [
+        a.items_per_second / b.items_per_second
+        for a, b in zip(results[name], results[reference], strict=True)
+        if b.items_per_second > 0
+    ]
+    return float(np.median(ratios)) if ratios else float("nan")

@@ -45,12 +45,30 @@ class LoadedSettings:
     config_file: Path | None = None
 
 
+def shipped_configs() -> list[str]:
+    """Names of the settings files shipped with onnxpool (`onnxpool.toml` and presets)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def config_file_named(text: str | os.PathLike[str]) -> Path:
+    """A settings file: a path, or the bare name of a shipped one (`efficientnet-lite0-int8`).
+
+    A bare name (no folder, no suffix) that is not a file here selects the shipped
+    `onnxpool/config/<name>.toml`; anything else is a path, as given.
+    """
+    path = Path(text)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    shipped = CONFIG_DIR / f"{path.name}.toml"
+    return shipped if shipped.is_file() else path
+
+
 def config_path_from(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
     """The config file to read: --config, else $ONNXPOOL_CONFIG, else config/onnxpool.toml."""
     if explicit:
-        return Path(explicit)
+        return config_file_named(explicit)
     if environ.get(ENV_CONFIG_FILE):
-        return Path(environ[ENV_CONFIG_FILE])
+        return config_file_named(environ[ENV_CONFIG_FILE])
     return DEFAULT_CONFIG_FILE
 
 
@@ -96,7 +114,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        shipped = ", ".join(shipped_configs())
+        raise ConfigError(f"config file {path} does not exist (shipped configs, by name: {shipped})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     except OSError as exc:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, load_settings
+from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, config_file_named, load_settings
 from onnxpool.config.nginx import render_site, upstream_servers
 from onnxpool.server.auth import mask_key
 
@@ -23,7 +23,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Replace this process with gunicorn running gunicorn.conf.py (same pid, same signals)."""
     env = dict(os.environ)
     if args.config:
-        env[ENV_CONFIG_FILE] = str(Path(args.config).resolve())
+        env[ENV_CONFIG_FILE] = str(config_file_named(args.config).resolve())
     if args.bind:
         env["ONNXPOOL_SERVER__BIND"] = args.bind
     if args.workers:
@@ -79,6 +79,13 @@ def _tune(args: argparse.Namespace) -> int:
     return tune_command(args)
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    """Static INT8 of a float model, accuracy-guarded and measured (logic in bench.quantize)."""
+    from onnxpool.bench.cli import quantize_command
+
+    return quantize_command(args)
+
+
 def _nginx_config(args: argparse.Namespace) -> int:
     """Write the nginx site for these settings (stdout, or --output)."""
     overrides: dict[str, object] = {}
@@ -111,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the server (gunicorn + the configured model)")
-    serve.add_argument("--config", help=f"TOML settings file (default: ${ENV_CONFIG_FILE} or config/onnxpool.toml)")
+    serve.add_argument(
+        "--config",
+        help=f"TOML settings file, or a shipped one by name, e.g. efficientnet-lite0-int8 "
+        f"(default: ${ENV_CONFIG_FILE} or config/onnxpool.toml)",
+    )
     serve.add_argument("--bind", help="override server.bind, e.g. 127.0.0.1:9000 or unix:/run/onnxpool.sock")
     serve.add_argument("--workers", type=int, help="override server.workers")
     serve.add_argument("--threads-per-worker", type=int, help="override server.threads_per_worker")
@@ -134,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="measure the worker layouts and recommend (or --write) the best")
     bench_cli.add_tune_arguments(tune)
     tune.set_defaults(func=_tune)
+
+    quantize = commands.add_parser("quantize", help="static INT8 of a float model, as accurate as a budget allows")
+    bench_cli.add_quantize_arguments(quantize)
+    quantize.set_defaults(func=_quantize)
 
     nginx = commands.add_parser("nginx-config", help="write the nginx site for these settings (docs/DEPLOYING.md)")
     nginx.add_argument("--config", help="TOML settings file")

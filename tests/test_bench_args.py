@@ -90,3 +90,13 @@ def test_tune_write_needs_existing_file(tmp_path, capsys: pytest.CaptureFixture[
 def test_limit_missing_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["limit", str(tmp_path / "nope.onnx")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_installed_limit_finds_the_image_pipeline(tmp_path) -> None:
+    """Outside a checkout (no `server/` folder on sys.path) the pipeline is found by its installed name."""
+    import subprocess
+    import sys
+
+    code = "from onnxpool.bench.limit import image_pipeline_available as f; assert f()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

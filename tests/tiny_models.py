@@ -65,3 +65,53 @@ def channel_classifier(path: Path, size: int = 8) -> Path:
         initializer=[weights],
     )
     return _save(graph, path, opset=17)
+
+
+def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = True) -> Path:
+    """[N,3,size,size] float -> [N,classes] logits: conv_a 3x3 + Relu, conv_b 1x1 + Relu,
+    conv_c 3x3 + Relu, global pool, Gemm. Node names are `conv_a`, `conv_b`, `conv_c`, `head`.
+
+    conv_a has one extra output channel that is always 0 (zero weights and bias). With
+    `fragile`, conv_b gives that dead channel a weight of 10000: in float it multiplies 0
+    and changes nothing, but INT8 weights are scaled per output channel to their largest
+    value, so every real weight of conv_b rounds to 0 and INT8 loses the image. Keeping
+    conv_b float is the fix an exclusion search must find.
+    """
+    rng = np.random.default_rng(7)
+
+    def conv_w(out_c: int, in_c: int, k: int) -> np.ndarray:
+        weights: np.ndarray = rng.standard_normal((out_c, in_c, k, k)) / np.sqrt(in_c * k * k)
+        return weights.astype(np.float32)
+
+    wa = np.concatenate([conv_w(8, 3, 3), np.zeros((1, 3, 3, 3), np.float32)])
+    ba = np.concatenate([(rng.standard_normal(8) * 0.1).astype(np.float32), np.zeros(1, np.float32)])
+    wb = conv_w(8, 9, 1)
+    wb[:, -1] = 10000.0 if fragile else 0.0
+    inits = {
+        "wa": wa,
+        "ba": ba,
+        "wb": wb,
+        "bb": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "wc": conv_w(8, 8, 3),
+        "bc": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "wh": (rng.standard_normal((classes, 8)) * 8).astype(np.float32),
+        "bh": np.zeros(classes, np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["input", "wa", "ba"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a"], ["a_r"], name="relu_a"),
+            helper.make_node("Conv", ["a_r", "wb", "bb"], ["b"], name="conv_b"),
+            helper.make_node("Relu", ["b"], ["b_r"], name="relu_b"),
+            helper.make_node("Conv", ["b_r", "wc", "bc"], ["c"], name="conv_c", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["c_r"], name="relu_c"),
+            helper.make_node("GlobalAveragePool", ["c_r"], ["pooled"], name="pool"),
+            helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten", axis=1),
+            helper.make_node("Gemm", ["flat", "wh", "bh"], ["logits"], name="head", transB=1),
+        ],
+        "small_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return _save(graph, path, opset=17)

@@ -1,0 +1,49 @@
+"""The shipped INT8 demo model: served by a REAL server like the float one, and `limit --compare`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+
+from onnxpool.bench.paths import DEMO_MODEL
+from onnxpool.cli import main
+from onnxpool.config.loader import CONFIG_DIR, config_file_named, load_settings
+from tests.harness import DATA, running_server
+
+INT8 = "efficientnet-lite0-int8"
+CAT_CLASSES = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"}
+
+
+def test_shipped_config_by_name() -> None:
+    assert config_file_named(INT8) == CONFIG_DIR / f"{INT8}.toml"
+    assert config_file_named("no-such-config") == Path("no-such-config")  # then: "does not exist"
+    settings = load_settings(INT8).settings
+    assert settings.model.name == INT8
+    assert Path(settings.model.path).is_file() and Path(settings.model.path).parent.name == INT8
+    assert settings.model.preprocess == load_settings().settings.model.preprocess  # calibrated with these
+
+
+@pytest.mark.slow
+def test_int8_demo_is_served_like_the_float_model(tmp_path: Path) -> None:
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, workers=1, config=Path(INT8)) as server:
+        meta = requests.get(f"{server.url}/v2/models/{INT8}", timeout=10).json()
+        assert meta["inputs"][0]["datatype"] == "FP32" and meta["outputs"][0]["shape"] == [-1, 1000]
+        files = {"image": ("cat.jpg", (DATA / "chelsea-cat.jpg").read_bytes(), "image/jpeg")}
+        reply = requests.post(f"{server.url}/predict", files=files, params={"top_k": 1}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == INT8
+        assert reply.json()["predictions"][0][0]["label"] in CAT_CLASSES
+        metrics = requests.get(f"{server.url}/metrics", timeout=10).text
+        assert f'onnxpool_requests_total{{endpoint="/predict",model="{INT8}",status="200"}} 1.0' in metrics
+        assert "onnxpool_model_warmup_seconds" in metrics
+
+
+def test_limit_compares_fp32_and_int8_in_one_run(capsys: pytest.CaptureFixture[str]) -> None:
+    int8 = Path(load_settings(INT8).settings.model.path)
+    argv = ["limit", str(DEMO_MODEL), "--compare", str(int8), "--pipeline", "raw", "--workers", "1"]
+    code = main([*argv, "--threads-per-worker", "1", "--duration", "0.3", "--warmup", "0.1", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "x model.onnx" in out and str(int8) in out and "median of 2 alternating rounds" in out
