@@ -43,16 +43,8 @@ Payload = rc.BytesLike | Sequence[rc.BytesLike]
 
 def store_settings(section: CacheSettings) -> rc.CacheSettings:
     """The `[cache]` section as the storage module's settings."""
-    return rc.CacheSettings(
-        enabled=section.enabled,
-        url=section.url,
-        max_bytes=section.max_bytes,
-        max_entry_bytes=section.max_entry_bytes,
-        ttl_seconds=section.ttl_seconds,
-        redis_connect_timeout_seconds=section.redis_connect_timeout_seconds,
-        redis_timeout_seconds=section.redis_timeout_seconds,
-        redis_cooldown_seconds=section.redis_cooldown_seconds,
-    )
+    # Same field names; the storage module's other fields (key prefix, busy timeout) keep their defaults.
+    return rc.CacheSettings(**section.model_dump())
 
 
 def settings_fingerprint(settings: Settings, labels: Sequence[str] | None) -> str:
