@@ -58,34 +58,6 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    """Closed-loop HTTP load against a running server (logic in bench.httpbench)."""
-    from onnxpool.bench.cli import bench_command
-
-    return bench_command(args)
-
-
-def _limit(args: argparse.Namespace) -> int:
-    """In-process throughput limit of the model on this machine (logic in bench.limit)."""
-    from onnxpool.bench.cli import limit_command
-
-    return limit_command(args)
-
-
-def _tune(args: argparse.Namespace) -> int:
-    """Pick workers x threads_per_worker by measuring (logic in bench.tune)."""
-    from onnxpool.bench.cli import tune_command
-
-    return tune_command(args)
-
-
-def _quantize(args: argparse.Namespace) -> int:
-    """Static INT8 of a float model, accuracy-guarded and measured (logic in bench.quantize)."""
-    from onnxpool.bench.cli import quantize_command
-
-    return quantize_command(args)
-
-
 def _nginx_config(args: argparse.Namespace) -> int:
     """Write the nginx site for these settings (stdout, or --output)."""
     overrides: dict[str, object] = {}
@@ -132,23 +104,38 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--config", help="TOML settings file")
     config.set_defaults(func=_config)
 
-    from onnxpool.bench import cli as bench_cli  # argument declarations only; the measuring code loads on use
+    from onnxpool.bench import cli as bench_cli  # argument declarations; the measuring code loads on use
 
-    bench = commands.add_parser("bench", help="closed-loop load test of a running server, by concurrency")
-    bench_cli.add_bench_arguments(bench)
-    bench.set_defaults(func=_bench)
-
-    limit = commands.add_parser("limit", help="in-process throughput limit of a model here (no HTTP)")
-    bench_cli.add_limit_arguments(limit)
-    limit.set_defaults(func=_limit)
-
-    tune = commands.add_parser("tune", help="measure the worker layouts and recommend (or --write) the best")
-    bench_cli.add_tune_arguments(tune)
-    tune.set_defaults(func=_tune)
-
-    quantize = commands.add_parser("quantize", help="static INT8 of a float model, as accurate as a budget allows")
-    bench_cli.add_quantize_arguments(quantize)
-    quantize.set_defaults(func=_quantize)
+    tools = (
+        (
+            "bench",
+            "closed-loop load test of a running server, by concurrency",
+            bench_cli.add_bench_arguments,
+            bench_cli.bench_command,
+        ),
+        (
+            "limit",
+            "in-process throughput limit of a model here (no HTTP)",
+            bench_cli.add_limit_arguments,
+            bench_cli.limit_command,
+        ),
+        (
+            "tune",
+            "measure the worker layouts and recommend (or --write) the best",
+            bench_cli.add_tune_arguments,
+            bench_cli.tune_command,
+        ),
+        (
+            "quantize",
+            "static INT8 of a float model, as accurate as a budget allows",
+            bench_cli.add_quantize_arguments,
+            bench_cli.quantize_command,
+        ),
+    )
+    for name, help_text, add_arguments, command in tools:
+        tool = commands.add_parser(name, help=help_text)
+        add_arguments(tool)
+        tool.set_defaults(func=command)
 
     nginx = commands.add_parser("nginx-config", help="write the nginx site for these settings (docs/DEPLOYING.md)")
     nginx.add_argument("--config", help="TOML settings file")
