@@ -11,8 +11,12 @@ minutes), in the order on, off, off, on, ... over `--rounds`.
   1. hit time: the cat photo POSTed to /predict `--hits` times, one at a time, on
      the cache-on server; the p50 of `Server-Timing` total over the HIT replies
      (target <= 0.5 ms), next to the same for computed replies on the other server;
-  2. /predict throughput with half the requests repeating earlier images
-     (`onnxpool bench --repeat-fraction 0.5`), cache on vs off (target >= 1.8x);
+  2. /predict throughput with every request a repeat (what a hit costs under load), then
+     with half the requests repeating earlier images (`onnxpool bench --repeat-fraction
+     0.5`), cache on vs off (target >= 1.8x), and the same workload against a bare
+     gunicorn app (benchmarks/baselines/floor_wsgi.py, same workers, a reply of the
+     same size): a hit can cost no less than that app's request, so it gives the
+     ratio's ceiling on this machine in the same run;
   3. the same with no repeats at all, every request a new image: what the cache
      costs when it never hits (target <= 3 %).
 """
@@ -32,6 +36,7 @@ from typing import Any
 
 import requests
 
+from benchmarks.floor import start_floor_app
 from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
 from onnxpool.bench.paths import CAT_JPEG
 from onnxpool.bench.progress import Progress
@@ -39,6 +44,7 @@ from onnxpool.bench.repeats import RepeatWorkload
 from onnxpool.bench.servers import Server, start_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
+JPEG = {"Content-Type": "image/jpeg"}
 TOTAL = re.compile(r"total;dur=([0-9.]+)")
 LOOKUP = re.compile(r"cache;dur=([0-9.]+);desc=hit")
 
@@ -87,21 +93,34 @@ def throughput(server: Server, fraction: float, args: argparse.Namespace) -> flo
     return step.throughput
 
 
-def compare(on: Server, off: Server, fraction: float, args: argparse.Namespace) -> dict[str, Any]:
-    sides: dict[str, list[float]] = {"on": [], "off": []}
+def compare(sides: dict[str, Server], fraction: float, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Requests/s of each server on the same workload, `--rounds` times, the order reversed every round."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
     for round_ in range(args.rounds):
-        order = (("on", on), ("off", off)) if round_ % 2 == 0 else (("off", off), ("on", on))
+        order = list(sides.items()) if round_ % 2 == 0 else list(reversed(sides.items()))
         for name, server in order:
             rate = throughput(server, fraction, args)
-            sides[name].append(rate)
-            print(f"  repeat fraction {fraction:g}, cache {name}: {rate:.1f} req/s", file=sys.stderr)
-    mean_on, mean_off = statistics.fmean(sides["on"]), statistics.fmean(sides["off"])
-    return {
-        "repeat_fraction": fraction,
-        "on_rps": [round(r, 1) for r in sides["on"]],
-        "off_rps": [round(r, 1) for r in sides["off"]],
-        "ratio_on_off": round(mean_on / mean_off, 3),
-    }
+            rates[name].append(rate)
+            print(f"  repeat fraction {fraction:g}, {name}: {rate:.1f} req/s", file=sys.stderr)
+    return rates
+
+
+def summary(fraction: float, rates: dict[str, list[float]]) -> dict[str, Any]:
+    """Cache on vs off; with the bare app measured too, the ceiling of that ratio on this machine.
+
+    A hit cannot cost less than the bare gunicorn app's request (accept, parse, read the
+    body, reply, close) and a miss no less than the cache-off server's request, so at
+    this repeat fraction the best a cache can do is 1 / ((1 - f) / off + f / floor).
+    """
+    mean = {name: statistics.fmean(values) for name, values in rates.items()}
+    result: dict[str, Any] = {"repeat_fraction": fraction}
+    result |= {f"{name}_rps": [round(r, 1) for r in values] for name, values in rates.items()}
+    result["ratio_on_off"] = round(mean["on"] / mean["off"], 3)
+    if "floor" in mean:
+        best = 1 / ((1 - fraction) / mean["off"] + fraction / mean["floor"])
+        result["ceiling_ratio"] = round(best / mean["off"], 3)
+        result["share_of_ceiling"] = round(mean["on"] / best, 3)
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,10 +152,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "hit_server_time": server_times(on, cat, args.hits),
                     "computed_server_time": server_times(off, cat, max(50, args.hits // 4)),
                 }
-                print("throughput, half of the requests repeating ...", file=sys.stderr)
-                result["half_repeats"] = compare(on, off, 0.5, args)
+                print("throughput, every request a repeat (cache on) ...", file=sys.stderr)
+                result["all_hits_rps"] = round(throughput(on, 1.0, args), 1)
+                reply_bytes = len(requests.post(on.url + "/predict", data=cat, headers=JPEG, timeout=30).content)
+                floor = start_floor_app(folder, workers, reply_bytes)
+                try:
+                    print("throughput, half of the requests repeating ...", file=sys.stderr)
+                    sides = {"on": on, "off": off, "floor": floor}
+                    result["half_repeats"] = summary(0.5, compare(sides, 0.5, args))
+                finally:
+                    floor.stop()
                 print("throughput, no repeats ...", file=sys.stderr)
-                result["no_repeats"] = compare(on, off, 0.0, args)
+                result["no_repeats"] = summary(0.0, compare({"on": on, "off": off}, 0.0, args))
             finally:
                 off.stop()
         finally:

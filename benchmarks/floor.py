@@ -33,11 +33,13 @@ def _request() -> PreparedRequest:
     return PreparedRequest("POST", "/v2/models/efficientnet-lite0/infer", encoded.body, encoded.headers)
 
 
-def start_floor_app(folder: Path, workers: int) -> Server:
+def start_floor_app(folder: Path, workers: int, reply_bytes: int = 4000) -> Server:
     """The bare WSGI app (benchmarks/baselines/floor_wsgi.py) under `workers` gunicorn sync workers, on loopback."""
     port = free_port()
     argv = [sys.executable, "-m", "gunicorn", "-w", str(workers), "-b", f"127.0.0.1:{port}", "--no-control-socket"]
-    return start_command([*argv, "benchmarks.baselines.floor_wsgi:app"], folder, port, "/", name="floor", cwd=REPO)
+    app = "benchmarks.baselines.floor_wsgi:app"
+    env = {"FLOOR_REPLY_BYTES": str(reply_bytes)}
+    return start_command([*argv, app], folder, port, "/", env=env, name="floor", cwd=REPO)
 
 
 def _measure(url: str, duration: float) -> tuple[float, float]:

@@ -215,6 +215,26 @@ def _deadline_headers() -> list[Schema]:
     ]
 
 
+def _cache_control_header() -> Schema:
+    return {
+        "name": "Cache-Control",
+        "in": "header",
+        "required": False,
+        "description": "Response cache ([cache] settings): no-cache computes the reply and refreshes "
+        "the stored one; no-store neither reads nor stores it.",
+        "schema": {"type": "string"},
+    }
+
+
+# On every reply of a cached route (the key covers the model, its settings and the request).
+X_CACHE: Schema = {
+    "X-Cache": {
+        "description": "HIT: replayed from the response cache, byte for byte; MISS: computed.",
+        "schema": {"type": "string", "enum": ["HIT", "MISS"]},
+    }
+}
+
+
 def _model_params(settings: Settings, version: bool) -> list[Schema]:
     params: list[Schema] = [
         {
@@ -336,7 +356,7 @@ def _infer_operation(params: list[Schema], suffix: str, auth: bool) -> Schema:
     return {
         "operationId": "modelInfer" + suffix,
         "summary": "Run the model (Open Inference Protocol v2, JSON or binary tensors)",
-        "parameters": [*params, binary_header, *_deadline_headers()],
+        "parameters": [*params, binary_header, *_deadline_headers(), _cache_control_header()],
         "requestBody": {
             "required": True,
             "content": {
@@ -359,7 +379,8 @@ def _infer_operation(params: list[Schema], suffix: str, auth: bool) -> Schema:
                         "description": "Length of the JSON header when binary outputs follow",
                         "schema": {"type": "integer"},
                     }
-                },
+                }
+                | X_CACHE,
                 "content": {
                     "application/json": {"schema": _ref("InferResponse")},
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
@@ -382,7 +403,7 @@ def _classify_operation(params: list[Schema], operation: str, auth: bool) -> Sch
     return {
         "operationId": operation,
         "summary": "Classify uploaded images: the top-k labels per image",
-        "parameters": [*params, top_k, *_deadline_headers()],
+        "parameters": [*params, top_k, *_deadline_headers(), _cache_control_header()],
         "requestBody": {
             "required": True,
             "content": {
@@ -399,7 +420,13 @@ def _classify_operation(params: list[Schema], operation: str, auth: bool) -> Sch
                 "image/*": {"schema": image},
             },
         },
-        "responses": {"200": {"description": "Top-k labels per image", "content": _json(_ref("ClassifyResponse"))}}
+        "responses": {
+            "200": {
+                "description": "Top-k labels per image",
+                "headers": X_CACHE,
+                "content": _json(_ref("ClassifyResponse")),
+            }
+        }
         | _errors("400", "404", "413", "415", "422", "503", auth=auth),
     }
 

@@ -34,6 +34,7 @@ proc_name = f"onnxpool[{_serving.settings.model.name}]"
 logconfig_dict = logs.logconfig_dict(_serving.settings.logging)
 loglevel = _serving.settings.logging.level
 access_log_format = logs.ACCESS_FORMAT
+logger_class = f"{logs.__name__}.GunicornLogger"
 
 
 def on_starting(server: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import re
@@ -14,7 +15,8 @@ from flask import Flask
 
 from onnxpool.bench.payloads import InputSpec, v2_binary_request
 from onnxpool.config.loader import load_settings
-from onnxpool.logs import JsonFormatter, TextFormatter, logconfig_dict
+from onnxpool.config.settings import LoggingSettings
+from onnxpool.logs import GunicornLogger, JsonFormatter, TextFormatter, logconfig_dict
 from onnxpool.server import request_id, timing
 from onnxpool.server.app import create_app
 from onnxpool.server.request_id import RequestIdLogFilter
@@ -221,3 +223,25 @@ def test_json_logs_access_lines_with_request_id(tmp_path: Path) -> None:
     access = [e for e in lines if e["logger"] == "gunicorn.access" and e.get("request_id") == "json-rid-1"]
     assert len(access) == 1
     assert access[0]["status"] == 404 and access[0]["path"] == "/no/such" and access[0]["duration_ms"] >= 0
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+def test_gunicorn_logger_builds_access_lines_only_when_they_print(
+    access_log: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gunicorn.config import Config
+
+    config = Config()
+    config.set("logconfig_dict", logconfig_dict(LoggingSettings(access_log=access_log)))
+    logger = GunicornLogger(config)
+    built: list[object] = []
+
+    def atoms(*args: object) -> dict[str, str]:
+        built.append(args)
+        return {"r": "GET / HTTP/1.1"}
+
+    monkeypatch.setattr(logger, "atoms", atoms)
+    emitted: list[logging.LogRecord] = []
+    monkeypatch.setattr(logger.access_log, "handle", emitted.append)
+    logger.access(object(), object(), {}, datetime.timedelta(milliseconds=3))
+    assert len(built) == len(emitted) == (1 if access_log else 0)

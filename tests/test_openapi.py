@@ -48,6 +48,14 @@ def test_document_describes_every_route() -> None:
     assert model["schema"]["enum"] == [settings.model.name]
 
 
+def test_cached_routes_document_the_cache_headers() -> None:
+    paths = openapi_document(load_settings(environ={}).settings)["paths"]
+    for path in ("/predict", "/v2/models/{model}/classify", "/v2/models/{model}/infer"):
+        operation = paths[path]["post"]
+        assert "Cache-Control" in {p["name"] for p in operation["parameters"]}, path
+        assert operation["responses"]["200"]["headers"]["X-Cache"]["schema"]["enum"] == ["HIT", "MISS"], path
+
+
 def test_served_document_names_the_model(server: Server) -> None:
     reply = requests.get(server.url + "/openapi.json", timeout=10)
     assert reply.status_code == 200 and reply.headers["Content-Type"] == "application/json"
