@@ -84,8 +84,10 @@ class ServerSettings(Section):
 
     run_dir: str = ""
     """Folder for everything the server writes while it runs (metrics files, validated model copies,
-    worker heartbeats), in a per-run subfolder removed at exit; "" = the system temp dir. One
-    writable folder (a tmpfs) is all a read-only root filesystem needs. Read at start, not on HUP."""
+    worker heartbeats, the local response cache), in a per-run subfolder removed at exit; "" =
+    $TMPDIR if set, else $XDG_RUNTIME_DIR or /dev/shm when it is a tmpfs with 1 GiB free, else
+    the system temp dir. One writable folder (a tmpfs) is all a read-only root filesystem
+    needs. Read at start, not on HUP."""
 
     @field_validator("workers", "threads_per_worker")
     @classmethod
@@ -103,7 +105,7 @@ class ServerSettings(Section):
     @classmethod
     def _absolute_run_dir(cls, value: str) -> str:
         if value and not Path(value).is_absolute():
-            raise ValueError('must be an absolute path, or "" for the system temp dir')
+            raise ValueError('must be an absolute path, or "" to let the server choose')
         return value
 
 

@@ -189,6 +189,7 @@ def on_starting(server: Any) -> None:
         layout.threads,
     )
     _warn_if_oversubscribed(layout, layout.workers)
+    log.info("run folder: %s", s.pool.run.path)
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
     _publish_build_info(s, layout.workers)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from onnxpool.config.settings import MetricsSettings
-from onnxpool.workers.run_folder import METRICS_ENV, RunFolder, remove_stale
+from onnxpool.workers.run_folder import METRICS_ENV, RunFolder, default_base, filesystem_type, remove_stale
 
 
 def test_stale_folders_of_dead_masters_are_removed(tmp_path: Path) -> None:
@@ -49,3 +50,44 @@ def test_everything_lives_under_the_configured_run_dir(tmp_path: Path, monkeypat
     assert not rejected.exists()
     run.remove()
     assert not run.path.exists()
+
+
+def _mounts(*lines: tuple[str, str]) -> str:
+    return "".join(f"dev {point} {kind} rw 0 0\n" for point, kind in lines)
+
+
+def test_filesystem_type_is_the_longest_mount_point_holding_the_path(tmp_path: Path) -> None:
+    mounts = _mounts(("/", "ext4"), (str(tmp_path), "tmpfs"), (str(tmp_path / "disk"), "xfs"))
+    (tmp_path / "disk" / "deep").mkdir(parents=True)
+    assert filesystem_type(tmp_path / "a", mounts) == "tmpfs"
+    assert filesystem_type(tmp_path / "disk" / "deep", mounts) == "xfs"
+    assert filesystem_type(Path("/definitely/elsewhere"), mounts) == "ext4"
+    assert filesystem_type(Path("/x"), "") is None
+
+
+def test_default_run_folder_prefers_a_roomy_memory_filesystem(tmp_path: Path) -> None:
+    runtime, shm = tmp_path / "runtime", tmp_path / "shm"
+    runtime.mkdir()
+    shm.mkdir()
+    on_tmpfs = _mounts(("/", "ext4"), (str(runtime), "tmpfs"), (str(shm), "tmpfs"))
+    on_disk = _mounts(("/", "ext4"))
+    system_tmp = Path(tempfile.gettempdir())
+    # $XDG_RUNTIME_DIR first when it is a memory file system (tmp_path has far more than 1 GiB free here)
+    assert default_base({"XDG_RUNTIME_DIR": str(runtime)}, on_tmpfs) == runtime
+    # a disk-backed one is passed over, and so is a missing one
+    assert default_base({"XDG_RUNTIME_DIR": str(runtime)}, on_disk) == system_tmp
+    assert default_base({"XDG_RUNTIME_DIR": str(tmp_path / "gone")}, on_disk) == system_tmp
+    # an explicit $TMPDIR is the operator's choice
+    assert default_base({"TMPDIR": str(tmp_path), "XDG_RUNTIME_DIR": str(runtime)}, on_tmpfs) == system_tmp
+
+
+def test_default_run_folder_skips_a_small_memory_filesystem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    small = shutil.disk_usage(runtime)._replace(free=64 << 20)  # Docker's default /dev/shm size
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: small)
+    assert default_base({"XDG_RUNTIME_DIR": str(runtime)}, _mounts((str(runtime), "tmpfs"))) == Path(
+        tempfile.gettempdir()
+    )
