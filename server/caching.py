@@ -105,19 +105,19 @@ class ReplyCache:
 
         hook = metrics.observe_cache_event if self.record_metrics else None
         try:
-            self.cache = rc.open_cache(self.settings, self.folder or Path(), on_event=hook)
+            cache = rc.open_cache(self.settings, self.folder or Path(), on_event=hook)
         except Exception as exc:
             log.error("response cache (%s) not opened, serving without it: %s", self.settings.backend_name, exc)
             return
-        self._publish_bytes()
+        self.cache = cache
+        if cache is not None and not self.settings.url:
+            self._publish_bytes(cache.bytes_used())
 
-    def _publish_bytes(self) -> None:
-        if self.cache is not None and self.record_metrics and not self.settings.url:
-            used = self.cache.bytes_used()
-            if used is not None:
-                from onnxpool.server import metrics  # loaded by open() already
+    def _publish_bytes(self, used: int | None) -> None:
+        if self.cache is not None and self.record_metrics and used is not None:
+            from onnxpool.server import metrics  # loaded by open() already
 
-                metrics.cache_bytes(self.cache.backend, used)
+            metrics.cache_bytes(self.cache.backend, used)
 
     def serve(
         self,
@@ -155,8 +155,9 @@ class ReplyCache:
         if control.write and response.status_code == 200:
             headers = tuple((name, response.headers[name]) for name in replay if name in response.headers)
             reply = rc.CachedReply(response.get_data(), response.content_type or "", headers)
-            if cache.store_reply(key, response.status_code, reply, control):
-                self._publish_bytes()
+            stored = cache.store_reply(key, response.status_code, reply, control)
+            if stored is not None:
+                self._publish_bytes(stored.bytes_used)
         return self._mark(response, "miss", looked)
 
     def _mark(self, response: Response, outcome: str, seconds: float) -> Response:

@@ -428,6 +428,16 @@ class _RateLimitedLog:
 # --------------------------------------------------------------------------- backends
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What one put did besides storing: entries evicted for room, expired entries purged,
+    and the store's accounted bytes afterwards (None where the backend does not count)."""
+
+    evicted: int = 0
+    expired: int = 0
+    bytes_used: int | None = None
+
+
 class Store(Protocol):
     """A byte store. get/put raise on backend failure; ResponseCache turns that into a miss/drop."""
 
@@ -436,8 +446,8 @@ class Store(Protocol):
 
     def get(self, key: CacheKey) -> bytes | None: ...
 
-    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> tuple[int, int] | None:
-        """Store; returns (entries evicted for room, expired entries purged), None if it can never fit."""
+    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> Stored | None:
+        """Store; what it took (see Stored), or None if the value can never fit."""
         ...
 
     def bytes_used(self) -> int | None: ...
@@ -538,7 +548,7 @@ class LocalStore:
         )
         return None if row is None else bytes(row[0])
 
-    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> tuple[int, int] | None:
+    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> Stored | None:
         size = len(key) + len(value) + _ROW_OVERHEAD
         if size > self.max_bytes:
             return None
@@ -582,12 +592,16 @@ class LocalStore:
             )
             if old is None:
                 con.execute("UPDATE meta SET value = value + 1 WHERE name = 'entries'")
+            # The total as this transaction leaves it, for the bytes gauge: asked here, inside
+            # the write lock, rather than by a query of its own after every miss (one more
+            # transaction, re-reading the pages the other workers changed).
+            used = int(con.execute("SELECT value FROM meta WHERE name = 'bytes'").fetchone()[0])
             con.execute("COMMIT")
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
-        return (evicted, expired)
+        return Stored(evicted, expired, used)
 
     @staticmethod
     def _delete(con: sqlite3.Connection, rows: Sequence[tuple[bytes, int]]) -> int:
@@ -652,9 +666,9 @@ class RedisStore:
             raise TypeError(f"redis returned {type(value).__name__}")
         return value
 
-    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> tuple[int, int] | None:
+    def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> Stored | None:
         self.client.set(self._k(key), value, px=max(1, int(ttl_seconds * 1000)))
-        return (0, 0)
+        return Stored()
 
     def bytes_used(self) -> int | None:
         return None  # Redis bounds itself (maxmemory); INFO is too slow for a scrape per worker
@@ -741,41 +755,41 @@ class ResponseCache:
 
     def store_reply(
         self, key: CacheKey, status: int, reply: CachedReply, control: CacheControl = DEFAULT_CONTROL
-    ) -> bool:
-        """Store a computed reply; True if stored. Only status 200; not when the request said
-        no-store; not when the encoded entry exceeds max_entry_bytes; dropped if the backend fails."""
+    ) -> Stored | None:
+        """Store a computed reply; what the store did, or None when not stored. Only status 200;
+        not when the request said no-store; not when the encoded entry exceeds
+        max_entry_bytes; dropped if the backend fails."""
         if not control.write:
-            return False
+            return None
         if status != 200:
             self._event("skip")
-            return False
+            return None
         try:
             data = encode_reply(reply)
         except ValueError as exc:  # e.g. a non-ASCII header: serve the reply, just don't cache it
             self._event("skip")
             self._log.warning("response cache: reply not stored: %s", exc)
-            return False
+            return None
         if len(data) > self.settings.max_entry_bytes:
             self._event("skip")
-            return False
+            return None
         if not self._available():
-            return False
+            return None
         try:
             done = self.store.put(key, data, self.settings.ttl_seconds)
             self._succeeded()
         except Exception as exc:
             self._failed("put", exc)
-            return False
+            return None
         if done is None:
             self._event("skip")
-            return False
-        evicted, expired = done
-        if evicted:
-            self._event("evict", evicted)
-        if expired:
-            self._event("expire", expired)
+            return None
+        if done.evicted:
+            self._event("evict", done.evicted)
+        if done.expired:
+            self._event("expire", done.expired)
         self._event("store")
-        return True
+        return done
 
     def bytes_used(self) -> int | None:
         """Bytes accounted in the local store (shared by all workers: export as a gauge from

@@ -218,7 +218,8 @@ def test_local_round_trip_and_counters(tmp_path: Path) -> None:
     body = os.urandom(1024)
     k = key_of(1)
     assert cache.lookup(k) is None
-    assert cache.store_reply(k, 200, reply_of(body))
+    stored = cache.store_reply(k, 200, reply_of(body))
+    assert stored is not None and stored.bytes_used == len(k) + len(encode_reply(reply_of(body))) + 64
     hit = cache.lookup(k)
     assert hit == reply_of(body) and hit is not None and hit.body == body
     s = cache.stats
@@ -228,7 +229,8 @@ def test_local_round_trip_and_counters(tmp_path: Path) -> None:
     assert {e[1] for e in events} == {"local"}
     assert cache.bytes_used() == len(k) + len(encode_reply(reply_of(body))) + 64
     # replacing an entry keeps the accounting exact
-    assert cache.store_reply(k, 200, reply_of(b"short"))
+    stored = cache.store_reply(k, 200, reply_of(b"short"))
+    assert stored is not None and stored.bytes_used == cache.bytes_used()
     assert cache.bytes_used() == len(k) + len(encode_reply(reply_of(b"short"))) + 64
     cache.close()
 
