@@ -322,7 +322,12 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
     parser.add_argument("--decisive-margin", type=_fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
     parser.add_argument("--method", choices=("MinMax", "Entropy", "Percentile"), default="MinMax", help="calibration")
-    parser.add_argument("--views", type=_positive, default=1, help="per photo: itself, its mirror, random crops (1)")
+    parser.add_argument(
+        "--views", type=_positive, default=1, help="per calibration photo: itself, its mirror, random crops (1)"
+    )
+    parser.add_argument(
+        "--eval-views", type=_positive, default=1, help="the same per held-out photo (1: each photo as uploaded)"
+    )
     parser.add_argument("--max-float", type=int, default=12, help="most layers the search may keep float (12)")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
     parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
@@ -361,6 +366,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         decisive_margin=args.decisive_margin,
         calibrate_method=args.method,
         views=args.views,
+        eval_views=args.eval_views,
         max_float=args.max_float,
         exclude=tuple(args.exclude),
         speed_seconds=args.speed_seconds,

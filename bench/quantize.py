@@ -696,6 +696,9 @@ class QuantizeOptions:
     decisive_margin: float = 0.1
     calibrate_method: CalibMethod = "MinMax"
     views: int = 1
+    """Views per calibration photo (the photo, its mirror, seeded random crops)."""
+    eval_views: int = 1
+    """Views per held-out photo; 1 = each photo as the server would see it uploaded."""
     max_float: int = 12
     exclude: tuple[str, ...] = ()
     speed_seconds: float = 3.0
@@ -743,7 +746,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
     input_name = float_input(opts.model, pipeline.input_shape)
     calib = load_images(opts.calibration, pipeline, "calibration", opts.views, progress)
     held_out = (
-        load_images(opts.eval, pipeline, "eval", opts.views, progress, opts.eval_labels, opts.class_names)
+        load_images(opts.eval, pipeline, "eval", opts.eval_views, progress, opts.eval_labels, opts.class_names)
         if opts.eval is not None
         else None
     )
@@ -763,7 +766,10 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
         unknown = [n for n in opts.exclude if n not in candidates]
         if unknown:
             raise QuantizeError(f"--exclude {unknown[0]!r}: no Conv/Gemm/MatMul node of that name")
-        reader = _Reader(input_name, calib.arrays, progress)
+        # onnxruntime's histogram collector (Percentile, Entropy) fails on a last batch smaller
+        # than the others: feed those one image at a time.
+        batch = 16 if recipe.calibrate_method == "MinMax" else 1
+        reader = _Reader(input_name, calib.arrays, progress, batch)
         cache = work / "ranges.json"
         t0 = time.perf_counter()
         ranges = calibrate(pre, reader, recipe, cache, work)
@@ -848,7 +854,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             },
             "float_layers": list(search.best) + list(opts.exclude),
             "calibration": {**calib.describe(), "views_per_file": opts.views, "seconds": round(calibration_seconds, 2)},
-            "eval": None if held_out is None else {**held_out.describe(), "views_per_file": opts.views},
+            "eval": None if held_out is None else {**held_out.describe(), "views_per_file": opts.eval_views},
             "judged_on": "eval" if held_out is not None else "calibration (no --eval: not held out)",
             "budget": {
                 "max_disagreement": opts.max_disagreement,

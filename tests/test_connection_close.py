@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -21,7 +22,7 @@ GRACEFUL_WAIT = 2.0
 
 
 @pytest.fixture(scope="module")
-def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Server:
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(tmp_path_factory.mktemp("close"), {"ONNXPOOL_SERVER__WORKERS": "1"}, workers=1) as srv:
         yield srv
 

@@ -100,6 +100,23 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     assert report["speed"]["speedup"]["int8"] > 0  # default: measured with bench.limit's pinned processes
 
 
+@pytest.mark.parametrize("method", ["Percentile", "Entropy"])
+def test_histogram_calibration_and_eval_views(
+    method: str, work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 24 calibration images: not a multiple of the reader's batch of 16, which onnxruntime's
+    # histogram collector cannot take as a last, smaller batch.
+    out = tmp_path / "plain.int8.onnx"
+    code = quantize(
+        work, "plain.onnx", out, "--method", method, "--eval", str(work / "eval"), "--eval-views", "2",
+        "--max-disagreement", "1", "--speed-seconds", "0",
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(report_path(out).read_text())
+    assert report["recipe"]["calibrate_method"] == method and report["calibration"]["images"] == 24
+    assert report["eval"]["views_per_file"] == 2 and report["eval"]["images"] == 64
+
+
 def test_the_search_keeps_the_fragile_layer_float(work: Path, tmp_path: Path) -> None:
     out = tmp_path / "fragile.int8.onnx"
     assert quantize(work, "fragile.onnx", out, "--max-disagreement", "0.15", "--speed-seconds", "0") == 0
