@@ -153,6 +153,23 @@ def sources(debs: Path) -> list[Source]:
     return out
 
 
+def save_downsized(im: Image.Image, target: Path) -> int:
+    """`im` with its shorter side at most SHORT px, as JPEG quality 90 at `target`; its size in bytes."""
+    scale = SHORT / min(im.size)
+    if scale < 1:
+        im = im.resize((round(im.width * scale), round(im.height * scale)), Image.Resampling.LANCZOS)
+    im.save(target, "JPEG", quality=90, optimize=True)
+    return target.stat().st_size
+
+
+def write_manifest(out: Path, rows: list[tuple[object, ...]]) -> None:
+    """MANIFEST.tsv: one row per photo (id, split, source, original, licence, author, bytes)."""
+    with (out / "MANIFEST.tsv").open("w", encoding="utf-8") as f:
+        f.write("id\tsplit\tsource\toriginal\tlicence\tauthor\tbytes\n")
+        for row in rows:
+            f.write("\t".join(map(str, row)) + "\n")
+
+
 def build(debs: Path, out: Path) -> None:
     Image.MAX_IMAGE_PIXELS = None  # trusted wallpapers, some very large
     shutil.rmtree(out, ignore_errors=True)
@@ -166,19 +183,12 @@ def build(debs: Path, out: Path) -> None:
         for i, (pid, source, path, licence, author) in enumerate(sorted(items)):
             split = "calib" if i % 2 == 0 else "eval"
             im = ImageOps.exif_transpose(Image.open(path)).convert("RGB")
-            scale = SHORT / min(im.size)
-            if scale < 1:
-                im = im.resize((round(im.width * scale), round(im.height * scale)), Image.Resampling.LANCZOS)
-            target = out / split / f"{pid}.jpg"
-            im.save(target, "JPEG", quality=90, optimize=True)
+            size = save_downsized(im, out / split / f"{pid}.jpg")
             original = (
                 os.path.relpath(path, debs) if path.is_relative_to(debs) else str(path).split("site-packages/")[-1]
             )
-            rows.append((pid, split, source, original, licence, author, target.stat().st_size))
-    with (out / "MANIFEST.tsv").open("w", encoding="utf-8") as f:
-        f.write("id\tsplit\tsource\toriginal\tlicence\tauthor\tbytes\n")
-        for row in rows:
-            f.write("\t".join(map(str, row)) + "\n")
+            rows.append((pid, split, source, original, licence, author, size))
+    write_manifest(out, rows)
     for split in ("calib", "eval"):
         chosen = [r for r in rows if r[1] == split]
         print(split, len(chosen), "photos", sum(r[6] for r in chosen), "bytes")

@@ -44,9 +44,9 @@ import re
 import shutil
 from pathlib import Path
 
+from build_calibration_photos import save_downsized, write_manifest  # the sibling script (tools/ is on sys.path)
 from PIL import Image, ImageOps
 
-SHORT = 384
 TUX_MIN_SIDE = 96
 TUX_DIR = "tuxpaint-stamps-default/usr/share/tuxpaint/stamps"
 TUX_SOURCE = "Debian tuxpaint-stamps-default 2022.06.04-1"
@@ -180,18 +180,9 @@ def build(debs: Path, out: Path) -> None:
             for pid, source, path, licence, author, _ in sorted(groups[group]):
                 im = ImageOps.exif_transpose(Image.open(path))
                 im = on_background(im, pid) if source == TUX_SOURCE else im.convert("RGB")
-                scale = SHORT / min(im.size)
-                if scale < 1:
-                    im = im.resize((round(im.width * scale), round(im.height * scale)), Image.Resampling.LANCZOS)
-                target = out / split / f"{pid}.jpg"
-                im.save(target, "JPEG", quality=90, optimize=True)
-                rows.append(
-                    (pid, split, source, path.relative_to(debs).as_posix(), licence, author, target.stat().st_size)
-                )
-    with (out / "MANIFEST.tsv").open("w", encoding="utf-8") as f:
-        f.write("id\tsplit\tsource\toriginal\tlicence\tauthor\tbytes\n")
-        for row in rows:
-            f.write("\t".join(map(str, row)) + "\n")
+                size = save_downsized(im, out / split / f"{pid}.jpg")
+                rows.append((pid, split, source, path.relative_to(debs).as_posix(), licence, author, size))
+    write_manifest(out, rows)
     for split in ("calib", "eval"):
         chosen = [r for r in rows if r[1] == split]
         per = {s: sum(1 for r in chosen if r[2] == s) for s in (TUX_SOURCE, OPENCV_SOURCE)}
