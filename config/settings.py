@@ -352,7 +352,7 @@ class CacheSettings(Section):
     """Cache successful replies of /predict, /classify and binary-tensor v2 infer."""
 
     url: str = ""
-    """"" = SQLite in the run folder, shared by the workers of this host; `redis://host:port/db`
+    """"" = LMDB in the run folder, shared by the workers of this host; `redis://host:port/db`
     (or rediss://, unix://) = one Redis shared by several hosts (bound it with Redis' maxmemory)."""
 
     max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)

@@ -9,7 +9,7 @@ Process rules (docs/RESPONSE_CACHE.md): the master builds a `ReplyCache` with
 the app of each generation (the model file's digest and the settings'
 fingerprint are computed there, once, never per request) and has already made
 the local store's files (`prepare`, `onnxpool.hooks`). Each worker calls
-`ReplyCache.open()` in post_fork: SQLite connections and Redis sockets must not
+`ReplyCache.open()` in post_fork: LMDB environments and Redis sockets must not
 cross fork() (two processes would share one file lock state / one socket), so
 the master never opens one. Until then, and when `[cache] enabled = false`,
 `serve` just computes.

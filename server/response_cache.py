@@ -9,17 +9,17 @@ an error or a stall past a short timeout.
 Lifecycle under gunicorn (pre-fork, `preload_app = True`)::
 
     # master, before forking (e.g. in `on_starting` / app factory):
-    prepare(settings, run_dir / "cache")        # creates folder + SQLite schema, opens nothing
+    prepare(settings, run_dir / "cache")        # creates folder + empty LMDB store, opens nothing
     # each worker, AFTER fork (gunicorn `post_fork`, or lazily on the first request):
     cache = open_cache(settings, run_dir / "cache", on_event=metrics_hook)
 
-Why open after fork: a SQLite connection (its file descriptors, its POSIX
-advisory locks and the WAL-index mmap) must not cross fork(); a child using or
-even closing its parent's connection can corrupt the lock state of both
-(https://www.sqlite.org/howtocorrupt.html, section 2.6). A Redis client's
-sockets would likewise be shared by two processes. So the master only creates
-the files; every worker opens its own connections. `LocalStore` checks the pid
-on every call and refuses a connection inherited across fork.
+Why open after fork: an LMDB environment (its memory map, the lock file's
+reader slot and file descriptors) must not be used by a process that inherited
+it across fork() (LMDB's documentation: "use an environment only in the
+process which opened it"), and a Redis client's sockets would likewise be
+shared by two processes. So the master only creates the files; every worker
+opens its own environment. `LocalStore` checks the pid on every call and
+refuses an environment inherited across fork.
 
 What is in the key (see `cache_key`): the model file's digest, a fingerprint of
 the pre/postprocessing settings (include the onnxpool version: a release that
@@ -37,17 +37,17 @@ Stored values are whole replies with status 200 only (errors are never stored):
 body bytes, content type and the few headers that must be replayed (e.g.
 `Inference-Header-Content-Length`). They are framed by `encode_reply` (fixed
 11-byte header, lengths, ASCII-checked header strings, then the body) and
-`decode_reply` checks every length, so nothing from SQLite or Redis is ever
+`decode_reply` checks every length, so nothing from LMDB or Redis is ever
 unpickled or trusted to be well-formed.
 
 Backends:
 
-* local (`url = ""`): SQLite in WAL mode, in a folder on tmpfs, shared by all the
-  workers of one host. One table, one index; readers never block on writers
-  (WAL); a put is one `BEGIN IMMEDIATE` transaction that also expires and evicts
-  (least recently stored first), so a reader sees a whole value or none, and the
-  byte total stays within `max_bytes`. Chosen over `diskcache` and shared
-  memory by measurement: see docs/RESPONSE_CACHE.md.
+* local (`url = ""`): LMDB in a folder on tmpfs, shared by all the workers of
+  one host, memory-mapped into each. Readers never block and never wait for a
+  writer; a put is one write transaction that also expires and evicts (the entries
+  stored longest ago first), so a reader sees a whole value or none and the byte
+  total stays within `max_bytes`. Chosen over SQLite and diskcache by measurement:
+  see docs/RESPONSE_CACHE.md.
 * Redis (`url = "redis://host:port/db"`): same keys under a prefix, TTL via
   `SET ... PX`, short connect/read timeouts, no client retries, and a circuit
   breaker: after an error every call is an instant miss/drop for
@@ -64,7 +64,6 @@ import json
 import logging
 import os
 import re
-import sqlite3
 import struct
 import threading
 import time
@@ -72,6 +71,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NewType, Protocol, TypeAlias
+
+import lmdb
 
 if TYPE_CHECKING:  # the redis client is only needed (and imported) when a redis:// url is configured
     import redis
@@ -108,7 +109,7 @@ MiB: Final = 1 << 20
 class CacheSettings:
     """The `[cache]` section (the project's pydantic settings are mapped onto this).
 
-    url: "" = local SQLite store shared by the workers of this host;
+    url: "" = local LMDB store shared by the workers of this host;
          "redis://host:port/db" (or rediss://, unix://) = Redis shared by several hosts.
     max_bytes: local store's total (keys + values + a per-row estimate); Redis is
          bounded by its own `maxmemory` + `maxmemory-policy allkeys-lru`.
@@ -118,8 +119,6 @@ class CacheSettings:
          request waits on a slow or dead Redis.
     redis_cooldown_seconds: after a Redis error, calls skip Redis this long, then
          one call probes it again.
-    local_busy_timeout_seconds: how long a local put waits for SQLite's write lock
-         before the entry is dropped (reads never wait in WAL mode).
     error_log_interval_seconds: backend errors are logged at most once per interval
          (with the number suppressed), per process.
     """
@@ -133,7 +132,6 @@ class CacheSettings:
     redis_timeout_seconds: float = 0.1
     redis_cooldown_seconds: float = 5.0
     redis_key_prefix: str = "onnxpool:rc1:"
-    local_busy_timeout_seconds: float = 0.05
     error_log_interval_seconds: float = 60.0
 
     def __post_init__(self) -> None:
@@ -141,7 +139,7 @@ class CacheSettings:
             raise ValueError("cache: max_bytes and max_entry_bytes must be > 0")
         if self.ttl_seconds <= 0:
             raise ValueError("cache: ttl_seconds must be > 0")
-        for name in ("redis_connect_timeout_seconds", "redis_timeout_seconds", "local_busy_timeout_seconds"):
+        for name in ("redis_connect_timeout_seconds", "redis_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"cache: {name} must be > 0")
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
@@ -455,33 +453,44 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-_DB_NAME: Final = "responses.sqlite3"
-_SCHEMA_VERSION: Final = 1
-_ROW_OVERHEAD: Final = 64  # per-row bookkeeping counted against max_bytes (row header, index entry)
+_SCHEMA_VERSION: Final = 2  # 1 was the SQLite store
+_ROW_OVERHEAD: Final = 64  # per-entry bookkeeping counted against max_bytes (expiry, order record, page slack)
 _PURGE_BATCH: Final = 64
-_EVICT_BATCH: Final = 128
+_MAX_READERS: Final = 1024  # read transactions open at once, over all processes (gthread: one per thread)
+# An entry's stamp: expiry (unix ms) and a store sequence number, big-endian, so byte
+# order = expiry order, and entries stored in the same millisecond keep the order they came in.
+_STAMP: Final = struct.Struct(">QQ")
+_U64: Final = struct.Struct(">Q")
+_LMDB_FILES: Final = ("data.mdb", "lock.mdb")
 
-_SCHEMA: Final = f"""
-CREATE TABLE entries (
-    key     BLOB PRIMARY KEY,
-    value   BLOB NOT NULL,
-    size    INTEGER NOT NULL,   -- accounted bytes: len(key) + len(value) + {_ROW_OVERHEAD}
-    expires REAL NOT NULL       -- unix time; with one TTL also the order in which entries were stored
-) WITHOUT ROWID;
-CREATE INDEX entries_expires ON entries (expires);
-CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-INSERT INTO meta VALUES ('bytes', 0), ('entries', 0);
-PRAGMA user_version = {_SCHEMA_VERSION};
-"""
+
+def _map_size(max_bytes: int) -> int:
+    """The LMDB map: room for max_bytes of entries twice over (B-tree page slack, pages
+    freed by a write that readers may still see) plus 32 MiB. Address space, not memory:
+    tmpfs only holds the pages that were written."""
+    return 2 * max_bytes + 32 * MiB
+
+
+def _meta_number(txn: lmdb.Transaction, meta: lmdb._Database, name: bytes) -> int:
+    raw = txn.get(name, db=meta)
+    if raw is None:
+        raise RuntimeError(f"response cache: the store has no {name.decode()} record")
+    return int(_U64.unpack(raw)[0])
 
 
 class LocalStore:
-    """SQLite (WAL) in a folder on tmpfs, shared by the worker processes of one host.
+    """LMDB in a folder on tmpfs, shared by the worker processes of one host.
 
     `LocalStore.create(folder)` runs in the master before fork (fresh files every
-    start); `LocalStore(folder, settings)` in each worker after fork. Connections
-    are per thread (gthread workers) and opened lazily; one opened before a fork
-    is never used by the child.
+    start); `LocalStore(folder, settings)` in each worker after fork. LMDB maps the
+    file into every process: a get copies the value straight out of shared memory
+    (no page cache to re-read after another process wrote, unlike SQLite), and a put
+    is one write transaction, serialised over all processes by LMDB's robust mutex (a
+    worker killed while holding it does not wedge the others).
+
+    Three named databases in one environment, all changed in the same transaction:
+    `entries` key -> stamp (expiry, sequence) + value; `order` stamp -> accounted size +
+    key (the eviction and expiry order); `meta` -> byte and entry totals, the sequence.
     """
 
     name = "local"
@@ -489,143 +498,151 @@ class LocalStore:
 
     @staticmethod
     def exists(folder: str | os.PathLike[str]) -> bool:
-        """Whether `create` already made the database in `folder` (a master keeps it across HUP)."""
-        return (Path(folder) / _DB_NAME).is_file()
+        """Whether `create` already made the store in `folder` (a master keeps it across HUP)."""
+        return (Path(folder) / _LMDB_FILES[0]).is_file()
 
     @staticmethod
-    def create(folder: str | os.PathLike[str]) -> Path:
-        """Create the folder (0700) and a fresh, empty database; leaves no connection open."""
+    def create(folder: str | os.PathLike[str], max_bytes: int = 64 * MiB) -> Path:
+        """Create the folder (0700) and a fresh, empty store; leaves nothing open."""
         path = Path(folder)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        db = path / _DB_NAME
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            Path(str(db) + suffix).unlink(missing_ok=True)
-        con = sqlite3.connect(db, isolation_level=None)
+        for name in _LMDB_FILES:
+            (path / name).unlink(missing_ok=True)
+        env = lmdb.open(str(path), map_size=_map_size(max_bytes), max_dbs=3, max_readers=_MAX_READERS, sync=False)
         try:
-            con.execute("PRAGMA journal_mode=WAL")  # persistent: every later connection is WAL
-            con.executescript(_SCHEMA)
+            meta = env.open_db(b"meta")
+            env.open_db(b"entries")
+            env.open_db(b"order")
+            with env.begin(write=True, db=meta) as txn:
+                txn.put(b"version", _U64.pack(_SCHEMA_VERSION))
+                txn.put(b"bytes", _U64.pack(0))
+                txn.put(b"entries", _U64.pack(0))
+                txn.put(b"seq", _U64.pack(0))
         finally:
-            con.close()
-        return db
+            env.close()
+        return path / _LMDB_FILES[0]
 
     def __init__(self, folder: str | os.PathLike[str], settings: CacheSettings) -> None:
-        self.path = Path(folder) / _DB_NAME
-        if not self.path.exists():
+        self.path = Path(folder)
+        if not self.exists(folder):
             raise FileNotFoundError(f"{self.path}: the master must call prepare() before forking workers")
         self.max_bytes = settings.max_bytes
-        self.busy_timeout = settings.local_busy_timeout_seconds
         self._pid = os.getpid()
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._con()  # fail now (in post_fork) rather than on the first request
+        # sync=False: tmpfs, so flushing for power loss is meaningless; LMDB stays consistent
+        # when a process dies at any point (a commit is one meta-page switch).
+        self._env = lmdb.open(
+            str(self.path),
+            map_size=_map_size(settings.max_bytes),
+            max_dbs=3,
+            max_readers=_MAX_READERS,
+            create=False,
+            sync=False,
+            metasync=False,
+            readahead=False,
+        )
+        self._env.reader_check()  # free the reader slots of processes that died (a killed worker)
+        self._meta = self._env.open_db(b"meta", create=False)
+        self._entries = self._env.open_db(b"entries", create=False)
+        self._order = self._env.open_db(b"order", create=False)
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"version")
+        version = None if raw is None else _U64.unpack(raw)[0]
+        if version != _SCHEMA_VERSION:
+            self._env.close()
+            raise RuntimeError(f"{self.path}: store version {version}, expected {_SCHEMA_VERSION}")
 
-    def _con(self) -> sqlite3.Connection:
+    def _begin(self, **options: Any) -> lmdb.Transaction:
+        try:
+            return self._env.begin(**options)
+        except lmdb.MapResizedError:
+            # A newer generation (HUP with a larger max_bytes) grew the map: adopt its size.
+            self._env.set_mapsize(0)
+            return self._env.begin(**options)
+
+    def _check_pid(self) -> None:
         if os.getpid() != self._pid:
             raise RuntimeError("LocalStore was opened before fork: open it in each worker after fork")
-        con: sqlite3.Connection | None = getattr(self._local, "con", None)
-        if con is None:
-            uri = f"file:{self.path}?mode=rw"  # never create a stray empty database
-            con = sqlite3.connect(
-                uri, uri=True, isolation_level=None, timeout=self.busy_timeout, check_same_thread=False
-            )
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version != _SCHEMA_VERSION:
-                con.close()
-                raise RuntimeError(f"{self.path}: schema version {version}, expected {_SCHEMA_VERSION}")
-            con.execute("PRAGMA synchronous=OFF")  # tmpfs: durability across power loss is meaningless
-            con.execute("PRAGMA journal_size_limit=8388608")
-            self._local.con = con
-            with self._lock:
-                self._all.append(con)
-        return con
 
     def get(self, key: CacheKey) -> bytes | None:
-        row = (
-            self._con()
-            .execute("SELECT value FROM entries WHERE key = ? AND expires > ?", (key, time.time()))
-            .fetchone()
-        )
-        return None if row is None else bytes(row[0])
+        self._check_pid()
+        with self._begin(db=self._entries, buffers=True) as txn:
+            raw = txn.get(key)
+            if raw is None or _STAMP.unpack_from(raw)[0] <= time.time() * 1000:
+                return None
+            return bytes(raw[_STAMP.size :])  # copied while the read transaction still holds the page
 
     def put(self, key: CacheKey, value: bytes, ttl_seconds: float) -> Stored | None:
+        self._check_pid()
         size = len(key) + len(value) + _ROW_OVERHEAD
         if size > self.max_bytes:
             return None
-        con = self._con()
-        now = time.time()
-        con.execute("BEGIN IMMEDIATE")  # the write lock, waiting at most busy_timeout
         try:
-            expired = self._delete(
-                con,
-                con.execute(
-                    "SELECT key, size FROM entries WHERE expires <= ? ORDER BY expires LIMIT ?", (now, _PURGE_BATCH)
-                ).fetchall(),
-            )
-            old = con.execute("SELECT size FROM entries WHERE key = ?", (key,)).fetchone()
-            old_size = 0 if old is None else int(old[0])
-            total = int(con.execute("SELECT value FROM meta WHERE name = 'bytes'").fetchone()[0])
-            need = total - old_size + size - self.max_bytes
-            evicted = 0
-            while need > 0:
-                rows = con.execute(
-                    "SELECT key, size FROM entries WHERE key != ? ORDER BY expires LIMIT ?", (key, _EVICT_BATCH)
-                ).fetchall()
-                if not rows:
-                    break
-                victims = []
-                for row in rows:
-                    victims.append(row)
-                    need -= int(row[1])
-                    if need <= 0:
-                        break
-                evicted += self._delete(con, victims)
-            con.execute(
-                "INSERT INTO entries (key, value, size, expires) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET "
-                "value = excluded.value, size = excluded.size, expires = excluded.expires",
-                (key, value, size, now + ttl_seconds),
-            )
-            con.execute(
-                "UPDATE meta SET value = value + ? WHERE name = 'bytes'",
-                (size - old_size,),
-            )
-            if old is None:
-                con.execute("UPDATE meta SET value = value + 1 WHERE name = 'entries'")
-            # The total as this transaction leaves it, for the bytes gauge: asked here, inside
-            # the write lock, rather than by a query of its own after every miss (one more
-            # transaction, re-reading the pages the other workers changed).
-            used = int(con.execute("SELECT value FROM meta WHERE name = 'bytes'").fetchone()[0])
-            con.execute("COMMIT")
-        except BaseException:
-            if con.in_transaction:
-                con.execute("ROLLBACK")
-            raise
-        return Stored(evicted, expired, used)
+            return self._put(key, value, size, ttl_seconds, 0)
+        except lmdb.MapFullError:
+            # Page slack beyond the map's reserve (many values just over half a page): make
+            # room for a quarter of the bound, then try once more.
+            return self._put(key, value, size, ttl_seconds, self.max_bytes // 4)
 
-    @staticmethod
-    def _delete(con: sqlite3.Connection, rows: Sequence[tuple[bytes, int]]) -> int:
-        if not rows:
-            return 0
-        con.executemany("DELETE FROM entries WHERE key = ?", [(r[0],) for r in rows])
-        con.execute("UPDATE meta SET value = value - ? WHERE name = 'bytes'", (sum(int(r[1]) for r in rows),))
-        con.execute("UPDATE meta SET value = value - ? WHERE name = 'entries'", (len(rows),))
-        return len(rows)
+    def _put(self, key: CacheKey, value: bytes, size: int, ttl_seconds: float, headroom: int) -> Stored:
+        now = int(time.time() * 1000)
+        with self._begin(write=True) as txn:
+            total = _meta_number(txn, self._meta, b"bytes")
+            count = _meta_number(txn, self._meta, b"entries")
+            seq = _meta_number(txn, self._meta, b"seq") + 1
+            stamp = _STAMP.pack(now + max(1, int(ttl_seconds * 1000)), seq)
+            old = txn.get(key, db=self._entries)
+            if old is not None:  # an overwrite (no-cache refresh, or two workers computed it)
+                txn.delete(old[: _STAMP.size], db=self._order)
+                total -= len(key) + len(old) - _STAMP.size + _ROW_OVERHEAD
+                count -= 1
+            expired = evicted = 0
+            cursor = txn.cursor(db=self._order)
+            # Oldest first: expired entries always go (at most a batch per put), then as many
+            # more as the new entry needs room for.
+            going = cursor.first()
+            while going:
+                is_expired = _STAMP.unpack_from(cursor.key())[0] <= now and expired < _PURGE_BATCH
+                if not is_expired and total + size + headroom <= self.max_bytes:
+                    break
+                record = cursor.value()
+                txn.delete(record[_U64.size :], db=self._entries)
+                total -= _U64.unpack_from(record)[0]
+                count -= 1
+                if is_expired:
+                    expired += 1
+                else:
+                    evicted += 1
+                going = cursor.delete() and bool(cursor.key())  # moves to the next record, if any
+            txn.put(key, stamp + value, db=self._entries)
+            txn.put(stamp, _U64.pack(size) + key, db=self._order)
+            total += size
+            txn.put(b"bytes", _U64.pack(total), db=self._meta)
+            txn.put(b"entries", _U64.pack(count + 1), db=self._meta)
+            txn.put(b"seq", _U64.pack(seq), db=self._meta)
+        return Stored(evicted, expired, total)
 
     def bytes_used(self) -> int | None:
-        return int(self._con().execute("SELECT value FROM meta WHERE name = 'bytes'").fetchone()[0])
+        return self._total(b"bytes")
 
     def entries(self) -> int:
-        return int(self._con().execute("SELECT value FROM meta WHERE name = 'entries'").fetchone()[0])
+        return self._total(b"entries")
+
+    def _total(self, name: bytes) -> int:
+        self._check_pid()
+        with self._env.begin(db=self._meta) as txn:
+            return _meta_number(txn, self._meta, name)
+
+    def audit(self) -> tuple[int, int]:
+        """(bytes, entries) summed over the entries themselves, to check the totals against."""
+        self._check_pid()
+        with self._env.begin(db=self._order) as txn:
+            sizes = [_U64.unpack_from(record)[0] for record in txn.cursor().iternext(keys=False, values=True)]
+        return sum(sizes), len(sizes)
 
     def close(self) -> None:
-        if os.getpid() != self._pid:  # never close a parent's connection in a child
+        if os.getpid() != self._pid:  # never close a parent's environment in a child
             return
-        with self._lock:
-            cons, self._all = self._all, []
-        for con in cons:
-            con.close()
-        self._local = threading.local()
+        self._env.close()
 
 
 class RedisStore:
@@ -808,7 +825,7 @@ def prepare(settings: CacheSettings, folder: str | os.PathLike[str]) -> None:
     """Master, before fork: create the local store's folder and schema (fresh each start).
     Nothing to do for Redis or when disabled. Opens no connection that survives."""
     if settings.enabled and not settings.url:
-        LocalStore.create(folder)
+        LocalStore.create(folder, settings.max_bytes)
 
 
 def open_cache(

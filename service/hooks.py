@@ -13,7 +13,7 @@ happen where they do; docs/ARCHITECTURE.md):
 - worker, `post_fork`: pin to the slot's cores when the layout is pinned (the
   cores are the process's own; not when the affinity mask is wider than the
   cgroup quota, workers/cores.py), build the ONE session with intra-op threads
-  = share size, warm it up, open the response cache (its own SQLite connection
+  = share size, warm it up, open the response cache (its own LMDB environment
   or Redis client: none may cross fork, so the master only creates the local
   cache's files) and serve the generation's app; only then
   gunicorn's worker loop starts accepting requests.
@@ -35,7 +35,6 @@ import contextlib
 import logging
 import os
 import socket
-import sqlite3
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -160,6 +159,8 @@ def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
     Entries of an older model stay but are never hit (the model digest is in every key) and
     age out. Only files are made here; every worker opens its own connection after fork.
     """
+    import lmdb
+
     from onnxpool.server import response_cache
 
     section = settings.cache
@@ -168,8 +169,8 @@ def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
     folder = pool.run.cache
     if not response_cache.LocalStore.exists(folder):
         try:
-            response_cache.LocalStore.create(folder)
-        except (OSError, sqlite3.Error) as exc:
+            response_cache.LocalStore.create(folder, section.max_bytes)
+        except (OSError, lmdb.Error) as exc:
             raise ConfigError(f"cache: cannot create the local cache in {folder}: {exc}") from None
     return folder
 

@@ -4,7 +4,7 @@
         metrics/     prometheus_client's per-process files (unless [metrics] dir names a folder)
         models/      validated private copies of the model file: what new workers load
         heartbeat/   gunicorn's worker heartbeat files (`worker_tmp_dir`)
-        cache/       the local response cache (SQLite), shared by the workers ([cache])
+        cache/       the local response cache (LMDB), shared by the workers ([cache])
 
 So one writable folder (a tmpfs, a Kubernetes emptyDir) is all a read-only
 root filesystem needs. Without a configured `run_dir` the folder goes on a
@@ -74,7 +74,7 @@ def default_base(environ: Mapping[str, str] | None = None, mounts: str | None = 
 
     An explicit $TMPDIR wins. Otherwise the first of $XDG_RUNTIME_DIR and /dev/shm that is
     a writable memory file system with MIN_FREE_BYTES free, else the system temp dir.
-    Why: every cache miss writes the SQLite store and every request the metrics files;
+    Why: every cache miss writes the LMDB store and every request the metrics files;
     on a disk-backed /tmp the kernel's write-back of those pages cost 2.5 % of /predict
     throughput with no repeats (docs/BENCHMARKS.md), on a tmpfs nothing is written back.
     """
