@@ -11,6 +11,8 @@ minutes), in the order on, off, off, on, ... over `--rounds`.
   1. hit time: the cat photo POSTed to /predict `--hits` times, one at a time, on
      the cache-on server; the p50 of `Server-Timing` total over the HIT replies
      (target <= 0.5 ms), next to the same for computed replies on the other server;
+     then both again with idle CPUs polling (root only: /dev/cpu_dma_latency = 0, as
+     tuned's latency-performance profile), so a halted vCPU's wake-up is not counted;
   2. /predict throughput with every request a repeat (what a hit costs under load), then
      with half the requests repeating earlier images (`onnxpool bench --repeat-fraction
      0.5`), cache on vs off (target >= 1.8x), and the same workload against a bare
@@ -38,6 +40,7 @@ import requests
 
 from benchmarks.floor import start_floor_app
 from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
+from onnxpool.bench.idle_latency import PM_QOS_FILE, hold_idle_latency
 from onnxpool.bench.paths import CAT_JPEG
 from onnxpool.bench.progress import Progress
 from onnxpool.bench.repeats import RepeatWorkload
@@ -152,6 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "hit_server_time": server_times(on, cat, args.hits),
                     "computed_server_time": server_times(off, cat, max(50, args.hits // 4)),
                 }
+                # The same again with idle CPUs polling: one request at a time leaves the CPUs
+                # idle in between, and on a VM waking a halted vCPU costs the next request more
+                # than the cache does (bench/idle_latency.py).
+                with hold_idle_latency() as polling:
+                    if polling:
+                        print("hit time, idle CPUs polling ...", file=sys.stderr)
+                        result["hit_server_time_idle_polling"] = server_times(on, cat, args.hits)
+                        result["computed_server_time_idle_polling"] = server_times(off, cat, max(50, args.hits // 4))
+                if not polling:
+                    result["hit_server_time_idle_polling"] = f"not measured: {PM_QOS_FILE} needs root"
                 print("throughput, every request a repeat (cache on) ...", file=sys.stderr)
                 result["all_hits_rps"] = round(throughput(on, 1.0, args), 1)
                 reply_bytes = len(requests.post(on.url + "/predict", data=cat, headers=JPEG, timeout=30).content)

@@ -2,9 +2,10 @@
 
     .venv/bin/python -m benchmarks.response_cache_store [--redis-url redis://127.0.0.1:6379/0] [--n 20000]
 
-Local store: a fresh SQLite store in a tmpfs folder (/dev/shm) filled with 2000
-entries; measures ResponseCache.lookup (SELECT + decode + counters) for 1 KB and
-10 KB bodies, and the same store's get while 2 other processes put in a loop.
+Local store: a fresh LMDB store in a tmpfs folder (/dev/shm) filled with 2000
+entries; measures ResponseCache.lookup (get + decode + counters) for 1 KB and
+10 KB bodies, then the same lookup and a store of a new entry while 2 other
+processes put in a loop (what a worker sees while the others compute).
 Also times cache_key over a JPEG-sized payload (the key is computed on every request).
 Redis: lookup on a redis:// url (loopback) if given.
 """
@@ -17,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 from onnxpool.server.response_cache import (
@@ -63,6 +64,10 @@ def _writer(folder: str, seconds: float, size: int) -> None:
     os._exit(0)
 
 
+def _store_new(cache: ResponseCache, numbers: Iterator[int], body: bytes) -> None:
+    cache.store_reply(key(next(numbers)), 200, CachedReply(body, "application/json"))
+
+
 def fill(cache: ResponseCache, size: int) -> CachedReply:
     reply = CachedReply(os.urandom(size), "application/json", (("Inference-Header-Content-Length", "123"),))
     for i in range(2000):
@@ -104,18 +109,25 @@ def main() -> None:
             print(f"local lookup hit {size // 1024:>2} KB: p50 {p50:.1f} us  p99 {p99:.1f} us")
             p50, p99 = timeit(partial(cache.lookup, key(-2)), args.n)
             print(f"local lookup miss        : p50 {p50:.1f} us  p99 {p99:.1f} us")
-            ctx = mp.get_context("fork")
-            writers = [ctx.Process(target=_writer, args=(folder, 6.0, size)) for _ in range(2)]
+            # spawn, not fork: this process has the store open (py-lmdb refuses a second
+            # environment on one path in a process, and a forked child inherits that state)
+            ctx = mp.get_context("spawn")
+            writers = [ctx.Process(target=_writer, args=(folder, 8.0, size)) for _ in range(2)]
             for w in writers:
                 w.start()
-            time.sleep(0.3)
+            time.sleep(2.0)  # the interpreters start
             p50, p99 = timeit(partial(cache.lookup, key(-1)), min(args.n, 20000))
-            for w in writers:
-                w.join()
             print(
                 f"local lookup hit {size // 1024:>2} KB with 2 processes putting in a loop: "
                 f"p50 {p50:.1f} us  p99 {p99:.1f} us"
             )
+            p50, p99 = timeit(partial(_store_new, cache, iter(range(20_000, 10**9)), os.urandom(size)), 2000)
+            print(
+                f"local store {size // 1024:>2} KB with 2 processes putting in a loop: "
+                f"p50 {p50:.1f} us  p99 {p99:.1f} us"
+            )
+            for w in writers:
+                w.join()
             cache.close()
         finally:
             shutil.rmtree(folder)

@@ -60,7 +60,6 @@ value)` hook for Prometheus; this module never imports prometheus_client.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -73,6 +72,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NewType, Protocol, TypeAlias
 
 import lmdb
+import orjson
 
 if TYPE_CHECKING:  # the redis client is only needed (and imported) when a redis:// url is configured
     import redis
@@ -161,7 +161,7 @@ BytesLike: TypeAlias = bytes | bytearray | memoryview
 # Domain + key-format version, hashed first. SHA-256, not BLAKE2b: with the SHA extensions
 # of current x86 and ARM CPUs it hashes a 35 KB photo in ~25 us instead of ~45 us, and the
 # key is computed on every request (docs/RESPONSE_CACHE.md).
-_KEY_DOMAIN: Final = b"onnxpool-rc-v2"
+_KEY_DOMAIN: Final = b"onnxpool-rc-v3"
 
 
 def _check_param(value: object, where: str) -> None:
@@ -189,7 +189,9 @@ def canonical_params(params: Mapping[str, ParamValue]) -> bytes:
         if not isinstance(name, str):
             raise TypeError("cache key: parameter names must be str")
         _check_param(value, name)
-    return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    # orjson, not json.dumps: the key is computed on every request, and json.dumps with
+    # sort_keys builds an encoder per call (2.5 us against 0.13 us here, more on a cold path).
+    return orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
 
 
 def cache_key(
@@ -231,12 +233,7 @@ def v2_request_payload(request: Mapping[str, Any]) -> bytes:
     `payload=[v2_request_payload(header), binary_tail]` to `cache_key`.
     """
     stripped = {k: v for k, v in request.items() if k != "id"}
-    try:
-        import orjson  # fast for large JSON tensors; a dependency of onnxpool anyway
-
-        return orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS)
-    except ImportError:  # pragma: no cover - orjson is installed with onnxpool
-        return json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode()
+    return orjson.dumps(stripped, option=orjson.OPT_SORT_KEYS)
 
 
 # --------------------------------------------------------------------------- stored value
