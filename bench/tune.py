@@ -74,6 +74,8 @@ class TuneResult:
     measured_at: str
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    model: str = ""
+    """The model measured: `[model].name (path)` of the settings the servers start with."""
 
     @property
     def confirmed(self) -> list[Candidate]:
@@ -165,7 +167,11 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> TuneResu
     confirmations = min(options.top, len(layouts))
     durations = plan_durations(options.budget, len(layouts), len(options.batches), confirmations)
     result = TuneResult(
-        [Candidate(layout) for layout in layouts], concurrency, len(cores), time.strftime("%Y-%m-%d %H:%M")
+        [Candidate(layout) for layout in layouts],
+        concurrency,
+        len(cores),
+        time.strftime("%Y-%m-%d %H:%M"),
+        model=f"{settings.model.name} ({settings.model.path})",
     )
 
     def show(text: str) -> None:
@@ -237,7 +243,8 @@ def format_ranking(result: TuneResult) -> str:
         ("batches", "in-process batched img/s", "{}"),
     )
     lines = [
-        f"# onnxpool tune: {result.cores} usable cores, {result.seconds:.0f}s, {result.measured_at}",
+        f"# onnxpool tune: {result.cores} usable cores, {result.seconds:.0f}s, {result.measured_at}"
+        + (f", model {result.model}" if result.model else ""),
         format_table(ranking_rows(result), columns),
         *result.notes,
     ]

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from gunicorn.http.body import LengthReader
 
+from onnxpool import wire
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.workers.cores import Layout
@@ -81,7 +82,9 @@ class GenerationApp:
     """The WSGI callable gunicorn preloads: serves the app of the generation this worker was forked in.
 
     gunicorn preloads the WSGI app once and keeps it across HUP, so the app
-    built for each generation is handed over here in post_fork instead.
+    built for each generation is handed over here in post_fork instead. It also
+    corks the client socket when the reply starts (onnxpool.wire: headers and body
+    in one segment); `post_request` uncorks it.
     """
 
     def __init__(self) -> None:
@@ -90,7 +93,12 @@ class GenerationApp:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if self.current is None:  # only reachable outside gunicorn, before configure()
             raise RuntimeError("onnxpool.hooks.configure() has not run")
-        return self.current(environ, start_response)
+
+        def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            wire.cork(environ)  # headers and body leave together; post_request uncorks
+            return start_response(status, headers, exc_info)
+
+        return self.current(environ, reply)
 
 
 WSGI_APP = GenerationApp()
@@ -263,6 +271,7 @@ def post_fork(server: Any, worker: Any) -> None:
     from onnxpool.server.app import open_in_worker
 
     open_in_worker(s.app)  # the response cache: this worker's own connection, never the master's
+    wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
     log.info(
@@ -339,6 +348,8 @@ def post_request(req: Any, resp: Any) -> None:
     keep the full wait. It matters most where requests are cheap: with half the /predict
     requests answered by the response cache, ~3 % more throughput (docs/BENCHMARKS.md).
     """
+    if resp is not None:
+        wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
     if resp is None or not resp.headers_sent or not resp.should_close():
         return  # no reply written, or a keep-alive connection (gthread) that serves on
     reader = getattr(getattr(req, "body", None), "reader", None)

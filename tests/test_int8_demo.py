@@ -47,3 +47,13 @@ def test_limit_compares_fp32_and_int8_in_one_run(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert code == 0
     assert "x model.onnx" in out and str(int8) in out and "median of 2 alternating rounds" in out
+
+
+@pytest.mark.slow
+def test_tune_runs_on_the_int8_model(capsys: pytest.CaptureFixture[str]) -> None:
+    # in-process layouts of the INT8 model, then one real server confirming the best over HTTP
+    code = main(["tune", "--config", INT8, "--budget", "20s", "--batches", "1", "--top", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "recommended: workers =" in captured.out
+    assert str(Path(load_settings(INT8).settings.model.path)) in captured.out + captured.err

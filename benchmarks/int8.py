@@ -1,0 +1,131 @@
+"""The INT8 demo model against the FP32 one, in one run: in process and over HTTP.
+
+Usage (from the repo root, nothing else running; docs/BENCHMARKS.md has the numbers):
+    .venv/bin/python -m benchmarks.int8 [--rounds 4] [--duration 10s] [--json out.json]
+
+1. In process: `onnxpool limit FP32 --compare INT8` (the serving layout, both
+   pipelines: raw tensors, and JPEG decode + preprocessing + inference), alternating
+   rounds, median per-round ratio.
+2. Over HTTP: two real servers up the whole run, `onnxpool serve` (FP32) and
+   `onnxpool serve --config efficientnet-lite0-int8`, `/predict` with the cat photo at
+   `--concurrency` connections. An idle sync worker costs no CPU, so the two are measured
+   next to each other, the order reversed every round (F I I F F I ...): this machine
+   drifts by 10 % within minutes, and the alternation puts the drift into both sides.
+   The ratio is the INT8 mean over the FP32 mean; the per-pair ratios show the spread.
+   Measured twice: as the machine is, then (root only) with idle CPUs polling
+   (bench/idle_latency.py), since a request that wakes a halted vCPU runs on cold caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
+from onnxpool.bench.idle_latency import PM_QOS_FILE, hold_idle_latency
+from onnxpool.bench.paths import CAT_JPEG, DEMO_MODEL
+from onnxpool.bench.progress import Progress
+from onnxpool.bench.servers import Server, start_server
+from onnxpool.config.loader import CONFIG_DIR
+from onnxpool.workers.cores import plan_layout, usable_cores
+
+INT8_CONFIG = CONFIG_DIR / "efficientnet-lite0-int8.toml"
+INT8_MODEL = DEMO_MODEL.parent.parent / "efficientnet-lite0-int8" / "model.onnx"
+
+
+def in_process(rounds: int, duration: float) -> str:
+    """`onnxpool limit --compare`'s own report (the two models, both pipelines)."""
+    argv = [sys.executable, "-m", "onnxpool.cli", "limit", str(DEMO_MODEL), "--compare", str(INT8_MODEL)]
+    argv += ["--rounds", str(rounds), "--duration", f"{duration:g}s"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=1800)
+    return done.stdout
+
+
+def predict_rate(server: Server, model: str, args: argparse.Namespace) -> float:
+    """Requests/s of /predict with the cat photo at --concurrency."""
+    options = BenchOptions(
+        url=server.url,
+        mode="predict",
+        concurrency=(args.concurrency,),
+        warmup=args.warmup,
+        duration=args.duration,
+        model=model,
+        image=CAT_JPEG,
+    )
+    step = run_bench(options, Progress(enabled=False)).steps[0]
+    if step.error_count:
+        raise RuntimeError(f"{step.error_count} errors: {step.errors}")
+    return step.throughput
+
+
+def over_http(sides: dict[str, tuple[Server, str]], args: argparse.Namespace, label: str) -> dict[str, Any]:
+    """Alternating rounds (F I, I F, ...); the ratio of the means and every pair's ratio."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for round_ in range(args.rounds):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+        for name in order:
+            server, model = sides[name]
+            rates[name].append(predict_rate(server, model, args))
+            print(f"  {label}, round {round_ + 1}, {name}: {rates[name][-1]:.1f} req/s", file=sys.stderr)
+    pairs = [i / f for f, i in zip(rates["fp32"], rates["int8"], strict=True)]
+    return {
+        "fp32_rps": [round(r, 1) for r in rates["fp32"]],
+        "int8_rps": [round(r, 1) for r in rates["int8"]],
+        "ratio_of_means": round(statistics.fmean(rates["int8"]) / statistics.fmean(rates["fp32"]), 3),
+        "pair_ratios": [round(r, 3) for r in pairs],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.int8", description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=parse_seconds, default=10.0, help="measured seconds per side (10s)")
+    parser.add_argument("--warmup", type=parse_seconds, default=2.0, help="warm-up seconds per side (2s)")
+    parser.add_argument("--concurrency", type=int, default=4, help="connections (default 4)")
+    parser.add_argument("--rounds", type=int, default=4, help="HTTP rounds per side and mode (default 4)")
+    parser.add_argument("--limit-rounds", type=int, default=3, help="`onnxpool limit` rounds (default 3)")
+    parser.add_argument("--limit-duration", type=parse_seconds, default=5.0, help="per limit round (5s)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    result: dict[str, Any] = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    print("in process: onnxpool limit --compare ...", file=sys.stderr)
+    result["limit_report"] = in_process(args.limit_rounds, args.limit_duration)
+    print(result["limit_report"], file=sys.stderr)
+    workers = plan_layout(usable_cores(), "auto", "auto").workers
+    quiet = {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}
+    with tempfile.TemporaryDirectory(prefix="onnxpool-int8-bench-") as tmp:
+        folder = Path(tmp)
+        fp32 = start_server(folder, quiet, workers=workers, name="fp32")
+        try:
+            int8 = start_server(folder, quiet, workers=workers, name="int8", config=INT8_CONFIG)
+            try:
+                sides = {"fp32": (fp32, "efficientnet-lite0"), "int8": (int8, "efficientnet-lite0-int8")}
+                print("over HTTP, /predict ...", file=sys.stderr)
+                result["http"] = over_http(sides, args, "as is")
+                with hold_idle_latency() as polling:
+                    if polling:
+                        print("over HTTP, /predict, idle CPUs polling ...", file=sys.stderr)
+                        result["http_idle_polling"] = over_http(sides, args, "polling")
+                if not polling:
+                    result["http_idle_polling"] = f"not measured: {PM_QOS_FILE} needs root"
+            finally:
+                int8.stop()
+        finally:
+            fp32.stop()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
