@@ -302,6 +302,8 @@ def tune_command(args: argparse.Namespace) -> int:
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    from onnxpool.bench.quantize import CALIB_METHODS
+
     parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
     parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
@@ -321,7 +323,13 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
     parser.add_argument("--decisive-margin", type=_fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
-    parser.add_argument("--method", choices=("MinMax", "Entropy", "Percentile"), default="MinMax", help="calibration")
+    parser.add_argument(
+        "--method",
+        choices=CALIB_METHODS,
+        default="MinMax",
+        help="calibration: MinMax (extremes of all images), MinMaxMean (mean of per-batch extremes), "
+        "Entropy, Percentile",
+    )
     parser.add_argument(
         "--views", type=_positive, default=1, help="per calibration photo: itself, its mirror, random crops (1)"
     )

@@ -53,8 +53,19 @@ from onnxpool.server.errors import OnnxpoolError
 from onnxpool.server.imaging import ImagePipeline
 
 FloatArray = npt.NDArray[np.float32]
-CalibMethod = Literal["MinMax", "Entropy", "Percentile"]
-CALIB_METHODS: tuple[CalibMethod, ...] = ("MinMax", "Entropy", "Percentile")
+CalibMethod = Literal["MinMax", "MinMaxMean", "Entropy", "Percentile"]
+CALIB_METHODS: tuple[CalibMethod, ...] = ("MinMax", "MinMaxMean", "Entropy", "Percentile")
+# MinMaxMean: each tensor's range is the MEAN over calibration batches of the batch's min and
+# max (onnxruntime's MinMax calibrator with moving_average), not the extreme of all images, so
+# one outlier photo does not widen a range for all; a few values are clipped instead.
+MINMAX_BATCH = 16  # images per calibration batch for the MinMax methods (MinMaxMean averages over these)
+
+
+def ort_method(method: CalibMethod) -> str:
+    """onnxruntime's CalibrationMethod name for one of ours."""
+    return "MinMax" if method == "MinMaxMean" else method
+
+
 GATES = ("all", "decisive")
 
 
@@ -397,7 +408,9 @@ def calibrate(pre_model: Path, reader: _Reader, recipe: Recipe, cache: Path, wor
     from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
 
     options: dict[str, Any] = {}
-    if recipe.calibrate_method == "Entropy":
+    if recipe.calibrate_method == "MinMaxMean":
+        options = {"moving_average": True}
+    elif recipe.calibrate_method == "Entropy":
         options = {"num_bins": recipe.num_bins, "num_quantized_bins": recipe.num_quantized_bins}
     elif recipe.calibrate_method == "Percentile":
         options = {"num_bins": recipe.num_bins, "percentile": recipe.percentile, "symmetric": False}
@@ -405,7 +418,7 @@ def calibrate(pre_model: Path, reader: _Reader, recipe: Recipe, cache: Path, wor
         pre_model,
         None,
         augmented_model_path=str(workdir / "augmented.onnx"),
-        calibrate_method=getattr(CalibrationMethod, recipe.calibrate_method),
+        calibrate_method=getattr(CalibrationMethod, ort_method(recipe.calibrate_method)),
         extra_options=options,
     )
     reader.rewind()
@@ -434,7 +447,7 @@ def quantize_with(pre_model: Path, out: Path, recipe: Recipe, reader: _Reader, c
         activation_type=getattr(QuantType, recipe.activation_type),
         weight_type=getattr(QuantType, recipe.weight_type),
         nodes_to_exclude=list(recipe.excluded),
-        calibrate_method=getattr(CalibrationMethod, recipe.calibrate_method),
+        calibrate_method=getattr(CalibrationMethod, ort_method(recipe.calibrate_method)),
         calibration_cache_path=cache,
     )
     return out
@@ -721,6 +734,11 @@ def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        # mkstemp makes the file 0600; the result is an ordinary file (a server running as
+        # another user reads it): the permissions a plain open() would have given it
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -768,7 +786,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             raise QuantizeError(f"--exclude {unknown[0]!r}: no Conv/Gemm/MatMul node of that name")
         # onnxruntime's histogram collector (Percentile, Entropy) fails on a last batch smaller
         # than the others: feed those one image at a time.
-        batch = 16 if recipe.calibrate_method == "MinMax" else 1
+        batch = MINMAX_BATCH if recipe.calibrate_method in ("MinMax", "MinMaxMean") else 1
         reader = _Reader(input_name, calib.arrays, progress, batch)
         cache = work / "ranges.json"
         t0 = time.perf_counter()

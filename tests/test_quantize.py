@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     assert "wrote" in capsys.readouterr().out
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in (out, report_path(out)):  # ordinary files, not mkstemp's 0600
+        assert written.stat().st_mode & 0o777 == 0o666 & ~umask
     report = json.loads(report_path(out).read_text())
     assert report["calibration"]["skipped_not_images"] == 1 and report["calibration"]["images"] == 24
     assert report["eval"]["images"] == 32 and report["judged_on"] == "eval"
@@ -100,12 +105,12 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     assert report["speed"]["speedup"]["int8"] > 0  # default: measured with bench.limit's pinned processes
 
 
-@pytest.mark.parametrize("method", ["Percentile", "Entropy"])
-def test_histogram_calibration_and_eval_views(
+@pytest.mark.parametrize("method", ["Percentile", "Entropy", "MinMaxMean"])
+def test_calibration_methods_and_eval_views(
     method: str, work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # 24 calibration images: not a multiple of the reader's batch of 16, which onnxruntime's
-    # histogram collector cannot take as a last, smaller batch.
+    # histogram collector cannot take as a last, smaller batch (and MinMaxMean averages over).
     out = tmp_path / "plain.int8.onnx"
     code = quantize(
         work, "plain.onnx", out, "--method", method, "--eval", str(work / "eval"), "--eval-views", "2",
@@ -289,3 +294,23 @@ def test_grey_level_noise_is_in_normalised_units() -> None:
     noisy = grey_level_noise(images, spec)
     assert noisy.dtype == np.float32
     assert [float(np.abs(noisy[:, c]).max()) for c in range(3)] == pytest.approx([0.5, 0.25, 0.125], rel=0.05)
+
+
+def test_minmax_mean_ranges_lie_within_minmax_ranges(work: Path, tmp_path: Path) -> None:
+    # the mean of per-batch extremes is never outside the extremes of all images, and with
+    # batches that differ it is strictly inside for some tensor
+    from onnxpool.bench.quantize import MINMAX_BATCH, Recipe, _Reader, calibrate
+
+    rng = np.random.default_rng(0)
+    images = rng.normal(0, 1, (3 * MINMAX_BATCH, 3, SIZE, SIZE)).astype(np.float32)
+    images[0] *= 8  # one outlier image in the first batch
+    ranges = {}
+    for method in ("MinMax", "MinMaxMean"):
+        reader = _Reader("input", images, None, MINMAX_BATCH)
+        folder = tmp_path / method
+        folder.mkdir()
+        ranges[method] = calibrate(work / "plain.onnx", reader, Recipe(calibrate_method=method), folder / "r", folder)
+    assert ranges["MinMax"].keys() == ranges["MinMaxMean"].keys()
+    for name, (low, high) in ranges["MinMaxMean"].items():
+        assert ranges["MinMax"][name][0] <= low <= high <= ranges["MinMax"][name][1], name
+    assert any(ranges["MinMaxMean"][n] != ranges["MinMax"][n] for n in ranges["MinMax"])
