@@ -4,7 +4,7 @@ Usage (from the repo root; docs/BENCHMARKS.md has the numbers):
     .venv/bin/python -m benchmarks.cache [--duration 15s] [--concurrency 4] [--rounds 2] [--json out.json]
 
 Two real servers stay up the whole run, both with the default layout and the demo
-model: one with the cache on (the default: local SQLite in the run folder), one
+model: one with the cache on (the default: local LMDB in the run folder), one
 with `[cache] enabled = false`. An idle sync worker uses no CPU, so each ratio's
 two sides are measured next to each other (this machine drifts by 10 % within
 minutes), in the order on, off, off, on, ... over `--rounds`.

@@ -1,4 +1,4 @@
-"""Response cache: keys, framing, Cache-Control, the local SQLite store across real forked
+"""Response cache: keys, framing, Cache-Control, the local LMDB store across real forked
 processes, and a real redis-server (Debian package) started, killed, stalled and restarted here."""
 
 from __future__ import annotations
