@@ -136,7 +136,10 @@ class ReplyCache:
         if cache is None:
             return compute()
         start = time.perf_counter()
-        control = rc.parse_cache_control(request.headers.getlist("Cache-Control"), request.headers.get("Pragma"))
+        # Straight from the WSGI environ: the server has already joined repeated header lines
+        # with commas (RFC 9110 5.3), and `request.headers.getlist` walks the whole environ.
+        environ = request.environ
+        control = rc.parse_cache_control(environ.get("HTTP_CACHE_CONTROL"), environ.get("HTTP_PRAGMA"))
         if not control.read and not control.write:  # no-store: no key to hash, nothing to look up
             return self._mark(compute(), "miss", time.perf_counter() - start)
         key = rc.cache_key(

@@ -40,6 +40,25 @@ def predict(server: Server, image: bytes = CAT, headers: dict[str, str] | None =
     return reply
 
 
+def _raw_image_post(server: Server, image: bytes, extra: list[tuple[str, str]]) -> str:
+    """POST the image as a raw body to /predict?top_k=3 with header lines sent as given (repeats
+    allowed, which requests cannot do); the reply's X-Cache."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.putrequest("POST", "/predict?top_k=3")
+        for name, value in [("Content-Type", "image/jpeg"), ("Content-Length", str(len(image))), *extra]:
+            conn.putheader(name, value)
+        conn.endheaders(image)
+        reply = conn.getresponse()
+        reply.read()
+        assert reply.status == 200
+        return reply.headers["X-Cache"]
+    finally:
+        conn.close()
+
+
 def worker_of(server: Server, reply: requests.Response) -> int:
     """The pid that served a reply: its access line ends with the reply's request id."""
     rid = reply.headers["X-Request-ID"]
@@ -92,6 +111,9 @@ def test_local_hit_on_another_worker_is_byte_identical_and_obeys_cache_control(t
         assert predict(srv, fresh, {"Cache-Control": "no-store"}).headers["X-Cache"] == "MISS"
         assert predict(srv, fresh).headers["X-Cache"] == "MISS"  # the no-store reply was not stored
         assert predict(srv, fresh).headers["X-Cache"] == "HIT"
+        # the directive in a second Cache-Control line counts too (the server joins the lines)
+        assert _raw_image_post(srv, fresh, [("Cache-Control", "max-age=60")]) == "HIT"  # raw body: same key
+        assert _raw_image_post(srv, fresh, [("Cache-Control", "max-age=60"), ("Cache-Control", "no-cache")]) == "MISS"
         # other parameters are another key; an error is never stored
         other_k = requests.post(srv.url + "/predict?top_k=4", files={"image": ("c.jpg", CAT)}, timeout=30)
         assert other_k.headers["X-Cache"] == "MISS"
