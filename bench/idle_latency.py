@@ -9,7 +9,7 @@ latency-performance profile of `tuned` sets on production hosts, and it lasts ex
 long as the file stays open (so it ends with this process, whatever happens).
 
 Only root may open the file; elsewhere `hold_idle_latency` yields False and changes
-nothing, and the caller reports which way it measured.
+nothing, and `measured_polling` returns the reason instead of a measurement.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 PM_QOS_FILE = "/dev/cpu_dma_latency"
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -35,3 +37,11 @@ def hold_idle_latency(microseconds: int = 0) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def measured_polling(measure: Callable[[], T]) -> T | str:
+    """`measure()` run again with idle CPUs polling, or why it could not be (not root)."""
+    with hold_idle_latency() as polling:
+        if polling:
+            return measure()
+    return f"not measured: {PM_QOS_FILE} needs root"

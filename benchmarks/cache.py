@@ -26,7 +26,6 @@ minutes), in the order on, off, off, on, ... over `--rounds`.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -39,12 +38,13 @@ from typing import Any
 import requests
 
 from benchmarks.floor import start_floor_app
+from benchmarks.output import emit
 from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
-from onnxpool.bench.idle_latency import PM_QOS_FILE, hold_idle_latency
+from onnxpool.bench.idle_latency import measured_polling
 from onnxpool.bench.paths import CAT_JPEG
 from onnxpool.bench.progress import Progress
 from onnxpool.bench.repeats import RepeatWorkload
-from onnxpool.bench.servers import Server, start_server
+from onnxpool.bench.servers import Server, running_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
 JPEG = {"Content-Type": "image/jpeg"}
@@ -140,51 +140,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}
     with tempfile.TemporaryDirectory(prefix="onnxpool-cache-bench-") as tmp:
         folder = Path(tmp)
-        on = start_server(folder, quiet, workers=workers, name="cache-on")
-        try:
-            off = start_server(folder, {**quiet, "ONNXPOOL_CACHE__ENABLED": "false"}, workers=workers, name="off")
-            try:
-                started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                cat = CAT_JPEG.read_bytes()
-                print("hit time ...", file=sys.stderr)
-                result: dict[str, Any] = {
-                    "measured_at": started,
-                    "workers": workers,
-                    "concurrency": args.concurrency,
-                    "duration_s": args.duration,
+        with (
+            running_server(folder, quiet, workers=workers, name="cache-on") as on,
+            running_server(folder, {**quiet, "ONNXPOOL_CACHE__ENABLED": "false"}, workers=workers, name="off") as off,
+        ):
+            started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            cat = CAT_JPEG.read_bytes()
+
+            def hit_times() -> dict[str, Any]:
+                return {
                     "hit_server_time": server_times(on, cat, args.hits),
                     "computed_server_time": server_times(off, cat, max(50, args.hits // 4)),
                 }
-                # The same again with idle CPUs polling: one request at a time leaves the CPUs
-                # idle in between, and on a VM waking a halted vCPU costs the next request more
-                # than the cache does (bench/idle_latency.py).
-                with hold_idle_latency() as polling:
-                    if polling:
-                        print("hit time, idle CPUs polling ...", file=sys.stderr)
-                        result["hit_server_time_idle_polling"] = server_times(on, cat, args.hits)
-                        result["computed_server_time_idle_polling"] = server_times(off, cat, max(50, args.hits // 4))
-                if not polling:
-                    result["hit_server_time_idle_polling"] = f"not measured: {PM_QOS_FILE} needs root"
-                print("throughput, every request a repeat (cache on) ...", file=sys.stderr)
-                result["all_hits_rps"] = round(throughput(on, 1.0, args), 1)
-                reply_bytes = len(requests.post(on.url + "/predict", data=cat, headers=JPEG, timeout=30).content)
-                floor = start_floor_app(folder, workers, reply_bytes)
-                try:
-                    print("throughput, half of the requests repeating ...", file=sys.stderr)
-                    sides = {"on": on, "off": off, "floor": floor}
-                    result["half_repeats"] = summary(0.5, compare(sides, 0.5, args))
-                finally:
-                    floor.stop()
-                print("throughput, no repeats ...", file=sys.stderr)
-                result["no_repeats"] = summary(0.0, compare({"on": on, "off": off}, 0.0, args))
+
+            print("hit time ...", file=sys.stderr)
+            result: dict[str, Any] = {
+                "measured_at": started,
+                "workers": workers,
+                "concurrency": args.concurrency,
+                "duration_s": args.duration,
+                **hit_times(),
+            }
+            # The same again with idle CPUs polling: one request at a time leaves the CPUs
+            # idle in between, and on a VM waking a halted vCPU costs the next request more
+            # than the cache does (bench/idle_latency.py).
+            print("hit time, idle CPUs polling (root only) ...", file=sys.stderr)
+            result["idle_polling"] = measured_polling(hit_times)
+            print("throughput, every request a repeat (cache on) ...", file=sys.stderr)
+            result["all_hits_rps"] = round(throughput(on, 1.0, args), 1)
+            reply_bytes = len(requests.post(on.url + "/predict", data=cat, headers=JPEG, timeout=30).content)
+            floor = start_floor_app(folder, workers, reply_bytes)
+            try:
+                print("throughput, half of the requests repeating ...", file=sys.stderr)
+                sides = {"on": on, "off": off, "floor": floor}
+                result["half_repeats"] = summary(0.5, compare(sides, 0.5, args))
             finally:
-                off.stop()
-        finally:
-            on.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+                floor.stop()
+            print("throughput, no repeats ...", file=sys.stderr)
+            result["no_repeats"] = summary(0.0, compare({"on": on, "off": off}, 0.0, args))
+    emit(result, args.json)
     return 0
 
 

@@ -19,7 +19,6 @@ Usage (from the repo root, nothing else running; docs/BENCHMARKS.md has the numb
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.output import emit
 from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
-from onnxpool.bench.idle_latency import PM_QOS_FILE, hold_idle_latency
+from onnxpool.bench.idle_latency import measured_polling
 from onnxpool.bench.paths import CAT_JPEG, DEMO_MODEL
 from onnxpool.bench.progress import Progress
-from onnxpool.bench.servers import Server, start_server
+from onnxpool.bench.servers import Server, running_server
 from onnxpool.config.loader import CONFIG_DIR
 from onnxpool.workers.cores import plan_layout, usable_cores
 
@@ -103,27 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = {"ONNXPOOL_LOGGING__ACCESS_LOG": "false"}
     with tempfile.TemporaryDirectory(prefix="onnxpool-int8-bench-") as tmp:
         folder = Path(tmp)
-        fp32 = start_server(folder, quiet, workers=workers, name="fp32")
-        try:
-            int8 = start_server(folder, quiet, workers=workers, name="int8", config=INT8_CONFIG)
-            try:
-                sides = {"fp32": (fp32, "efficientnet-lite0"), "int8": (int8, "efficientnet-lite0-int8")}
-                print("over HTTP, /predict ...", file=sys.stderr)
-                result["http"] = over_http(sides, args, "as is")
-                with hold_idle_latency() as polling:
-                    if polling:
-                        print("over HTTP, /predict, idle CPUs polling ...", file=sys.stderr)
-                        result["http_idle_polling"] = over_http(sides, args, "polling")
-                if not polling:
-                    result["http_idle_polling"] = f"not measured: {PM_QOS_FILE} needs root"
-            finally:
-                int8.stop()
-        finally:
-            fp32.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+        with (
+            running_server(folder, quiet, workers=workers, name="fp32") as fp32,
+            running_server(folder, quiet, workers=workers, name="int8", config=INT8_CONFIG) as int8,
+        ):
+            sides = {"fp32": (fp32, "efficientnet-lite0"), "int8": (int8, "efficientnet-lite0-int8")}
+            print("over HTTP, /predict ...", file=sys.stderr)
+            result["http"] = over_http(sides, args, "as is")
+            print("over HTTP, /predict, idle CPUs polling (root only) ...", file=sys.stderr)
+            result["http_idle_polling"] = measured_polling(lambda: over_http(sides, args, "polling"))
+    emit(result, args.json)
     return 0
 
 
