@@ -24,11 +24,12 @@ import math
 import time
 from collections.abc import Mapping
 
-from flask import Flask, request
+from flask import Flask
+from werkzeug.wrappers import Request
 
-from onnxpool.server import timing
-from onnxpool.server.context import context
+from onnxpool.server import gates, timing
 from onnxpool.server.errors import BadRequest, Unavailable
+from onnxpool.server.gates import Gate
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
@@ -46,10 +47,9 @@ def _header_deadline(raw: str) -> float:
     return seconds
 
 
-def _shed_if_waited(budget: float, reason: str) -> None:
+def _shed_if_waited(timer: timing.RequestTimer | None, budget: float, reason: str) -> None:
     # No timer only in an app built without the middleware (create_app always adds it):
     # the wait is then unknown, as without the header.
-    timer = timing.current()
     waited = timer.waited(time.time()) if timer is not None else None
     if waited is not None and waited > budget:
         raise Unavailable(
@@ -59,19 +59,24 @@ def _shed_if_waited(budget: float, reason: str) -> None:
         )
 
 
-def check_request() -> None:
-    """before_request: 503 at once if the request already waited past its budget."""
-    if request.path.startswith(EXEMPT_PREFIXES):
-        return
-    limit = _configured_limit()
-    raw_deadline = request.headers.get(TIMEOUT_HEADER)
-    if raw_deadline is not None:
-        deadline = _header_deadline(raw_deadline)
-        if limit is None or deadline < limit:
-            _shed_if_waited(deadline, f"the client's {TIMEOUT_HEADER}")
+def gate(max_queue_ms: int) -> Gate:
+    """The check (server.gates): 503 at once if the request already waited past its budget."""
+    limit = max_queue_ms / 1000 if max_queue_ms > 0 else None
+
+    def check_wait(req: Request) -> None:
+        if req.path.startswith(EXEMPT_PREFIXES):
             return
-    if limit is not None:
-        _shed_if_waited(limit, "[limits] max_queue_ms")
+        timer: timing.RequestTimer | None = req.environ.get(timing.ENVIRON_KEY)
+        raw_deadline = req.headers.get(TIMEOUT_HEADER)
+        if raw_deadline is not None:
+            deadline = _header_deadline(raw_deadline)
+            if limit is None or deadline < limit:
+                _shed_if_waited(timer, deadline, f"the client's {TIMEOUT_HEADER}")
+                return
+        if limit is not None:
+            _shed_if_waited(timer, limit, "[limits] max_queue_ms")
+
+    return check_wait
 
 
 def check_infer_timeout(parameters: Mapping[str, object]) -> None:
@@ -81,14 +86,9 @@ def check_infer_timeout(parameters: Mapping[str, object]) -> None:
         return
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise BadRequest(f"parameters.timeout must be a positive integer (microseconds), got {timeout!r}")
-    _shed_if_waited(timeout / 1e6, "the request's timeout parameter")
+    _shed_if_waited(timing.current(), timeout / 1e6, "the request's timeout parameter")
 
 
-def _configured_limit() -> float | None:
-    milliseconds = context().settings.limits.max_queue_ms
-    return milliseconds / 1000 if milliseconds > 0 else None
-
-
-def install(app: Flask) -> None:
-    """Register the check; it runs after the body-size and auth checks."""
-    app.before_request(check_request)
+def install(app: Flask, max_queue_ms: int) -> None:
+    """Add the check to the app's gates; it runs after the body-size and auth checks."""
+    gates.add(app, gate(max_queue_ms))

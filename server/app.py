@@ -14,11 +14,12 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, instrument, openapi
+from onnxpool.server import admission, auth, gates, instrument, openapi
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.caching import ReplyCache, settings_fingerprint
-from onnxpool.server.context import ServerContext, check_body_size, error_response
+from onnxpool.server.context import ServerContext, error_response
 from onnxpool.server.errors import OnnxpoolError
+from onnxpool.server.hit_path import HitPath
 from onnxpool.server.imaging import ImagePipeline
 from onnxpool.server.postprocess import load_labels
 from onnxpool.server.routes_image import blueprint as image_blueprint
@@ -92,16 +93,18 @@ def create_app(settings: Settings, backend: InferenceBackend, cache: CachePlan |
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
-    app.before_request(check_body_size)
+    gates.add(app, gates.body_size(settings.server.max_body_bytes))
     auth.install(app, settings.auth)
-    admission.install(app)
+    admission.install(app, settings.limits.max_queue_ms)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
     app.register_blueprint(image_blueprint)
     app.register_blueprint(openapi.blueprint)
-    instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics
+    if ctx.cache.wanted:  # hits of the image endpoints answered before Flask, after the same gates
+        app.wsgi_app = HitPath(app.wsgi_app, ctx, gates.of(app))  # type: ignore[method-assign]
+    instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics: outermost
     return app
 
 

@@ -15,12 +15,14 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from flask import Flask, current_app, request
+from flask import Flask
+from werkzeug.wrappers import Request
 
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import AuthSettings
-from onnxpool.server.context import context
+from onnxpool.server import gates
 from onnxpool.server.errors import Unauthorized
+from onnxpool.server.gates import Gate
 
 OPEN_PREFIXES = ("/v2/health/", "/openapi.json")
 METRICS_PATH = "/metrics"
@@ -90,27 +92,29 @@ def _bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
-def check_request() -> None:
-    """before_request: 401 unless the path is open or the request carries a configured key."""
-    path = request.path
-    settings = context().settings.auth
-    if path.startswith(OPEN_PREFIXES) or (path == METRICS_PATH and not settings.protect_metrics):
-        return
-    checker: KeyChecker = current_app.extensions[AUTH_KEY]
-    token = _bearer_token(request.headers.get("Authorization"))
-    if token is None:
-        raise Unauthorized(
-            "missing API key: send 'Authorization: Bearer <key>'", headers={"WWW-Authenticate": CHALLENGE}
-        )
-    if not checker.accepts(token):
-        raise Unauthorized("invalid API key", headers={"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
+def gate(checker: KeyChecker, protect_metrics: bool) -> Gate:
+    """The check (server.gates): 401 unless the path is open or the request carries a configured key."""
+
+    def check_api_key(req: Request) -> None:
+        path = req.path
+        if path.startswith(OPEN_PREFIXES) or (path == METRICS_PATH and not protect_metrics):
+            return
+        token = _bearer_token(req.headers.get("Authorization"))
+        if token is None:
+            raise Unauthorized(
+                "missing API key: send 'Authorization: Bearer <key>'", headers={"WWW-Authenticate": CHALLENGE}
+            )
+        if not checker.accepts(token):
+            raise Unauthorized("invalid API key", headers={"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
+
+    return check_api_key
 
 
 def install(app: Flask, settings: AuthSettings) -> bool:
-    """Register the check when keys are configured; return whether auth is on."""
+    """Add the check to the app's gates when keys are configured; return whether auth is on."""
     checker = KeyChecker.from_settings(settings)
     if not checker.enabled:
         return False
-    app.extensions[AUTH_KEY] = checker
-    app.before_request(check_request)
+    app.extensions[AUTH_KEY] = checker  # also tells the OpenAPI document that keys are required
+    gates.add(app, gate(checker, settings.protect_metrics))
     return True

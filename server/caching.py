@@ -14,6 +14,10 @@ cross fork() (two processes would share one file lock state / one socket), so
 the master never opens one. Until then, and when `[cache] enabled = false`,
 `serve` just computes.
 
+A request is looked up once (`look_up`, kept in the WSGI environ): the image
+endpoints' hits are answered before Flask by `server.hit_path`, and on a miss
+the route's `serve` finds the lookup already made.
+
 Replies carry `X-Cache: HIT|MISS` and `Server-Timing: cache;dur=<lookup ms>;desc=hit|miss`
 (a second Server-Timing field next to the middleware's; HTTP joins them). A hit
 replays the stored body byte for byte; the middleware adds a fresh X-Request-ID.
@@ -26,7 +30,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flask import Response, request
 
@@ -35,9 +41,13 @@ from onnxpool.config.settings import CacheSettings, Settings
 from onnxpool.server import jsonfast
 from onnxpool.server import response_cache as rc
 
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
 log = logging.getLogger("onnxpool.cache")
 
 HEADER = "X-Cache"
+LOOKUP_KEY = "onnxpool.cache_lookup"
 Payload = rc.BytesLike | Sequence[rc.BytesLike]
 
 
@@ -62,6 +72,21 @@ def settings_fingerprint(settings: Settings, labels: Sequence[str] | None) -> st
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One request's look into the cache: what it asked, its key, the stored reply if any."""
+
+    endpoint: str
+    params: dict[str, rc.ParamValue]
+    control: rc.CacheControl
+    key: rc.CacheKey | None
+    """None for no-store: nothing hashed, nothing looked up or stored."""
+    reply: rc.CachedReply | None
+    """The hit's reply; None on a miss."""
+    seconds: float
+    """Time to hash the key and look it up (Server-Timing `cache;dur`)."""
 
 
 class ReplyCache:
@@ -119,6 +144,39 @@ class ReplyCache:
 
             metrics.cache_bytes(self.cache.backend, used)
 
+    def look_up(
+        self, environ: WSGIEnvironment, endpoint: str, params: Mapping[str, rc.ParamValue], payload: Payload
+    ) -> Lookup | None:
+        """The request's key and stored reply (None when the cache is not open in this process).
+
+        Kept in the WSGI environ: the hit path (server.hit_path) looks up before Flask
+        and on a miss the route asks again; the key is hashed and the miss counted once.
+        """
+        cache = self.cache
+        if cache is None:
+            return None
+        kept: Lookup | None = environ.get(LOOKUP_KEY)
+        if kept is not None and kept.endpoint == endpoint and kept.params == params:
+            return kept
+        start = time.perf_counter()
+        # Straight from the WSGI environ: the server has already joined repeated header lines
+        # with commas (RFC 9110 5.3), and `request.headers.getlist` walks the whole environ.
+        control = rc.parse_cache_control(environ.get("HTTP_CACHE_CONTROL"), environ.get("HTTP_PRAGMA"))
+        key: rc.CacheKey | None = None
+        reply: rc.CachedReply | None = None
+        if control.read or control.write:  # not no-store: hash the key (no-cache still stores)
+            key = rc.cache_key(
+                model_digest=self.model_digest,
+                settings_fingerprint=self.fingerprint,
+                endpoint=endpoint,
+                params=params,
+                payload=payload,
+            )
+            reply = cache.lookup(key, control)
+        looked = Lookup(endpoint, dict(params), control, key, reply, time.perf_counter() - start)
+        environ[LOOKUP_KEY] = looked
+        return looked
+
     def serve(
         self,
         endpoint: str,
@@ -132,42 +190,39 @@ class ReplyCache:
         `params` are the endpoint's effective parameters (defaults applied); `replay` names
         the reply headers that are part of the result and are stored with the body.
         """
-        cache = self.cache
-        if cache is None:
+        looked = self.look_up(request.environ, endpoint, params, payload)
+        if looked is None or self.cache is None:
             return compute()
-        start = time.perf_counter()
-        # Straight from the WSGI environ: the server has already joined repeated header lines
-        # with commas (RFC 9110 5.3), and `request.headers.getlist` walks the whole environ.
-        environ = request.environ
-        control = rc.parse_cache_control(environ.get("HTTP_CACHE_CONTROL"), environ.get("HTTP_PRAGMA"))
-        if not control.read and not control.write:  # no-store: no key to hash, nothing to look up
-            return self._mark(compute(), "miss", time.perf_counter() - start)
-        key = rc.cache_key(
-            model_digest=self.model_digest,
-            settings_fingerprint=self.fingerprint,
-            endpoint=endpoint,
-            params=params,
-            payload=payload,
-        )
-        hit = cache.lookup(key, control)
-        looked = time.perf_counter() - start
+        hit = looked.reply
         if hit is not None:
             response = Response(hit.body, status=200, headers=list(hit.headers), content_type=hit.content_type)
-            return self._mark(response, "hit", looked)
+            response.headers.extend(self.outcome_headers(looked))
+            return response
         response = compute()
-        if control.write and response.status_code == 200:
+        if looked.key is not None and looked.control.write and response.status_code == 200:
             headers = tuple((name, response.headers[name]) for name in replay if name in response.headers)
             reply = rc.CachedReply(response.get_data(), response.content_type or "", headers)
-            stored = cache.store_reply(key, response.status_code, reply, control)
+            stored = self.cache.store_reply(looked.key, response.status_code, reply, looked.control)
             if stored is not None:
                 self._publish_bytes(stored.bytes_used)
-        return self._mark(response, "miss", looked)
-
-    def _mark(self, response: Response, outcome: str, seconds: float) -> Response:
-        response.headers[HEADER] = outcome.upper()
-        if self.server_timing:
-            response.headers.add("Server-Timing", f"cache;dur={seconds * 1000:.3f};desc={outcome}")
+        response.headers.extend(self.outcome_headers(looked))
         return response
+
+    def hit_reply(self, looked: Lookup) -> tuple[list[tuple[str, str]], bytes] | None:
+        """A hit as WSGI reply headers and body, exactly as `serve` would send it through Flask."""
+        hit = looked.reply
+        if hit is None:
+            return None
+        headers = [*hit.headers, ("Content-Type", hit.content_type), ("Content-Length", str(len(hit.body)))]
+        return headers + self.outcome_headers(looked), hit.body
+
+    def outcome_headers(self, looked: Lookup) -> list[tuple[str, str]]:
+        """`X-Cache: HIT|MISS` and, when Server-Timing is on, the cache's part of the time."""
+        outcome = "hit" if looked.reply is not None else "miss"
+        headers = [(HEADER, outcome.upper())]
+        if self.server_timing:
+            headers.append(("Server-Timing", f"cache;dur={looked.seconds * 1000:.3f};desc={outcome}"))
+        return headers
 
 
 def insert_v2_id(response: Response, request_id: str, header_name: str) -> Response:

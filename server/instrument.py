@@ -79,22 +79,24 @@ class Instrumentation:
         request_id.set_current(rid)
         pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH]
 
-        def record(status: int) -> None:
+        def record(status: int, total: float) -> None:
             if pending[0]:
                 pending[0] = False
-                _record_request(environ, timer, status)
+                _record_request(environ, timer, status, total)
 
         def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            total = timer.total()  # one total for the header and the metrics
             headers.append((request_id.HEADER, rid))
             if self.server_timing:
-                headers.append(("Server-Timing", timer.server_timing()))
+                headers.append(("Server-Timing", timer.server_timing(total)))
             # Recorded here, as the reply leaves the app, not after the body is sent: a
             # client that has its answer then always finds it counted on /metrics.
-            record(int(status[:3]))
+            record(int(status[:3]), total)
             return start_response(status, headers, exc_info)
 
         def finish() -> None:
-            record(500)  # only if the app failed before replying
+            if pending[0]:  # only if the app failed before replying
+                record(500, timer.total())
             request_id.set_current(None)
 
         if pending[0]:
@@ -107,27 +109,34 @@ class Instrumentation:
         return ClosingIterator(body, finish)
 
 
-def _record_request(environ: WSGIEnvironment, timer: timing.RequestTimer, status: int) -> None:
-    total = timer.total()
+def _record_request(environ: WSGIEnvironment, timer: timing.RequestTimer, status: int, total: float) -> None:
     model, endpoint = environ.get(LABELS_KEY, ("", UNMATCHED))
     metrics.IN_FLIGHT.dec()
     metrics.observe_request(model, endpoint, status, total, timer.breakdown())
+
+
+def metric_labels(model_name: str, rule: str, asked: str | None, timer: timing.RequestTimer | None) -> tuple[str, str]:
+    """The bounded (model, endpoint) labels of a request to route `rule` that named model `asked`."""
+    if asked is not None:
+        model = model_name if asked == model_name else UNKNOWN_MODEL
+    elif timer is not None and "infer" in timer.phases:
+        model = model_name  # a model route without <model> in its URL, e.g. /predict
+    else:
+        model = ""
+    return model, rule
 
 
 def _stash_labels(model_name: str) -> Any:
     """after_request hook: bounded labels for the middleware (route template, model)."""
 
     def hook(response: Response) -> Response:
-        rule = request.url_rule
-        asked = (request.view_args or {}).get("model")
-        timer = timing.current()
-        if asked is not None:
-            model = model_name if asked == model_name else UNKNOWN_MODEL
-        elif timer is not None and "infer" in timer.phases:
-            model = model_name  # a model route without <model> in its URL, e.g. /predict
+        url_rule = request.url_rule
+        if url_rule is None:
+            labels = ("", UNMATCHED)
         else:
-            model = ""
-        request.environ[LABELS_KEY] = (model, rule.rule if rule is not None else UNMATCHED)
+            asked = (request.view_args or {}).get("model")
+            labels = metric_labels(model_name, url_rule.rule, asked, timing.current())
+        request.environ[LABELS_KEY] = labels
         return response
 
     return hook

@@ -100,7 +100,9 @@ def infer(model: str, version: str | None = None) -> Response:
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
     with phase("decode"):
-        body = read_body()  # first: an oversized body is a 413 even when the binary header is bad too
+        body = read_body(
+            request, ctx.settings.server.max_body_bytes
+        )  # first: an oversized body is a 413 even when the binary header is bad too
         header_length = parse_header_length(request.headers.get(BINARY_HEADER))
 
     def compute(echo_id: bool) -> Response:

@@ -84,10 +84,15 @@ class RequestTimer:
         """Seconds from the proxy's arrival stamp (or our first look at the request) until now."""
         return (self.queue or 0.0) + time.perf_counter() - self.start
 
-    def server_timing(self) -> str:
-        """`Server-Timing` value, in milliseconds: `queue;dur=1.2, decode;dur=0.4, ..., total;dur=11.6`."""
+    def server_timing(self, total: float | None = None) -> str:
+        """`Server-Timing` value, in milliseconds: `queue;dur=1.2, decode;dur=0.4, ..., total;dur=11.6`.
+
+        `total`: the request's total as taken when its reply left the app (default: now).
+        """
+        if total is None:
+            total = self.total()
         parts = [f"{name};dur={secs * 1000:.2f}" for name, secs in self.breakdown().items()]
-        parts.append(f"total;dur={self.total() * 1000:.2f}")
+        parts.append(f"total;dur={total * 1000:.2f}")
         return ", ".join(parts)
 
 

@@ -16,9 +16,10 @@ from onnxpool.server.app import create_app
 from onnxpool.server.request_start import parse_request_start, seconds_since
 from onnxpool.server.v2codec import encode_infer_request
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
-from tests.harness import Server
+from tests.harness import DATA, Server
 
 NOW = 1_700_000_000.250
+CAT = (DATA / "chelsea-cat.jpg").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -133,6 +134,24 @@ def test_client_deadline_header_sheds(server: Server) -> None:
         server.url + "/v2/health/ready", headers={"X-Request-Start": _ago(9), "X-Request-Timeout": "1"}
     )
     assert probe.status_code == 200  # probes are never shed
+
+
+def test_a_cached_reply_is_shed_like_a_computed_one(server: Server) -> None:
+    """Cache hits are answered before Flask (server.hit_path), after the same admission gate."""
+    url = server.url + "/predict?top_k=2"
+
+    def post(headers: dict[str, str]) -> requests.Response:
+        return requests.post(url, files={"image": ("cat.jpg", CAT)}, headers=headers, timeout=30)
+
+    assert post({}).status_code == 200  # computed and stored
+    assert post({}).headers["X-Cache"] == "HIT"
+    late = post({"X-Request-Start": _ago(1), "X-Request-Timeout": "0.5"})
+    assert late.status_code == 503 and late.headers["Retry-After"] == "1" and "X-Cache" not in late.headers
+    assert "X-Request-Timeout" in late.json()["error"]
+    bad = post({"X-Request-Timeout": "soon"})
+    assert bad.status_code == 400 and "X-Request-Timeout" in bad.json()["error"]
+    in_time = post({"X-Request-Start": _ago(1), "X-Request-Timeout": "30"})
+    assert in_time.status_code == 200 and in_time.headers["X-Cache"] == "HIT"
 
 
 @pytest.mark.parametrize(("timeout_us", "status"), [(500_000, 503), (60_000_000, 200), (-1, 400), ("1", 400)])

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import requests
 
-from tests.harness import REPO, Server, clean_env, start_server
+from tests.harness import DATA, REPO, Server, clean_env, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +167,26 @@ def test_deep_json_is_400(guarded: Server) -> None:
     body = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "parameters": {"x": deep}}]}
     reply = requests.post(guarded.url + f"/v2/models/{MODEL}/infer", json=body, headers=_auth(), timeout=10)
     assert reply.status_code == 400 and "nests deeper than 8" in reply.json()["error"]
+
+
+def test_a_cached_reply_needs_the_key_too(guarded: Server) -> None:
+    """Cache hits are answered before Flask (server.hit_path), behind the same API-key gate."""
+    cat = (DATA / "chelsea-cat.jpg").read_bytes()
+    assert len(cat) < MAX_BODY
+
+    def post(path: str, headers: dict[str, str]) -> requests.Response:
+        return requests.post(guarded.url + path, files={"image": ("cat.jpg", cat)}, headers=headers, timeout=30)
+
+    for path in ("/predict", f"/v2/models/{MODEL}/classify"):
+        assert post(path, _auth()).status_code == 200  # computed and stored (or already a hit)
+        hit = post(path, _auth(FILE_KEY))
+        assert hit.status_code == 200 and hit.headers["X-Cache"] == "HIT"
+        for refused in ({}, _auth("wrong-key-0123456789"), {"Authorization": f"Basic {ENV_KEY}"}):
+            reply = post(path, refused)
+            assert reply.status_code == 401, (path, refused, reply.text[:200])
+            assert reply.headers["WWW-Authenticate"].startswith("Bearer") and "X-Cache" not in reply.headers
+            assert reply.json()["error"] in ("invalid API key", "missing API key: send 'Authorization: Bearer <key>'")
+    assert post(f"/v2/models/{MODEL}x/classify", _auth()).status_code == 404  # another model's path: no hit
 
 
 @pytest.mark.parametrize(
