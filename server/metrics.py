@@ -14,8 +14,10 @@ or `<unmatched>`), never the raw path; `model` is the configured model name,
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -110,12 +112,20 @@ CACHE_BYTES = Gauge(
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _child(metric: Any, labels: tuple[str, ...]) -> Any:
+    """A metric's child for these label values, found once per process: `labels()` checks
+    every value and takes a lock on each call, a hit's whole store read in cost. Labels
+    are bounded (see above), so the cache is too."""
+    return metric.labels(*labels)
+
+
 def observe_cache_event(name: str, backend: str, value: float) -> None:
     """The response cache's `on_event` hook: counters by backend, lookup time as a histogram."""
     if name == "lookup":
-        CACHE_LOOKUP_SECONDS.labels(backend).observe(value)
+        _child(CACHE_LOOKUP_SECONDS, (backend,)).observe(value)
     else:
-        CACHE_EVENTS.labels(backend, name).inc(value)
+        _child(CACHE_EVENTS, (backend, name)).inc(value)
 
 
 def cache_bytes(backend: str, used: int) -> None:
@@ -124,10 +134,10 @@ def cache_bytes(backend: str, used: int) -> None:
 
 def observe_request(model: str, endpoint: str, status: int, total: float, phases: Mapping[str, float]) -> None:
     """Count one answered request and record its total and per-phase seconds."""
-    REQUESTS.labels(model, endpoint, str(status)).inc()
-    REQUEST_SECONDS.labels(model, endpoint).observe(total)
+    _child(REQUESTS, (model, endpoint, str(status))).inc()
+    _child(REQUEST_SECONDS, (model, endpoint)).observe(total)
     for name, seconds in phases.items():
-        PHASE_SECONDS.labels(model, endpoint, name).observe(seconds)
+        _child(PHASE_SECONDS, (model, endpoint, name)).observe(seconds)
 
 
 def observe_batch(model: str, batch: int) -> None:

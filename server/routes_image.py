@@ -69,7 +69,8 @@ def read_image_request(req: Request, ctx: ServerContext) -> ImageRequest:
 
 def _uploads(req: Request, max_uploads: int, max_body: int) -> tuple[list[bytes], list[str], dict[str, str]]:
     """The request's images, a name for each (used in error messages), and its form fields."""
-    mimetype = req.mimetype
+    # What werkzeug's `req.mimetype` gives, without its full parse of the parameters.
+    mimetype = (req.content_type or "").partition(";")[0].strip().lower()
     if mimetype == "multipart/form-data":
         form = parse_form(read_body(req, max_body), req.content_type or "", IMAGE_FIELD, max_uploads)
         if not form.uploads:
