@@ -63,9 +63,11 @@ class HitPath:
         ctx = self.ctx
         # Without a Content-Length (chunked) Flask's MAX_CONTENT_LENGTH bounds the read; and
         # before the model is loaded the route answers 503. Both are Flask's to handle.
-        if not ctx.cache.active or not environ.get("CONTENT_LENGTH") or ctx.backend.info is None:
+        if not ctx.cache.active or ctx.backend.info is None:
             return None
         req = Request(environ)
+        if req.content_length is None:
+            return None
         timer: timing.RequestTimer | None = environ.get(timing.ENVIRON_KEY)
         try:
             gates.run(self.gates, req)

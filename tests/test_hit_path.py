@@ -85,6 +85,9 @@ def call(app: Flask, path: str, body: bytes, content_type: str, method: str = "P
         "CONTENT_LENGTH": str(len(body)),
     }
     environ.update({"HTTP_" + name.upper(): value for name, value in headers.items()})
+    if environ.pop("HTTP_TRANSFER_ENCODING", None) == "chunked":  # the server has de-chunked it
+        del environ["CONTENT_LENGTH"]
+        environ["wsgi.input_terminated"] = True
     seen: list[tuple[str, list[tuple[str, str]]]] = []
 
     def start_response(status: str, hdrs: list[tuple[str, str]], exc_info: object = None) -> Callable[[bytes], object]:
@@ -164,3 +167,12 @@ def test_a_refused_read_is_refused_by_flask_with_its_error(app: tuple[Flask, lis
     assert len(dispatched) == 1
     broken = call(flask_app, "/predict", body[:-20], ctype)  # the multipart end is cut off
     assert broken.status == 400 and b"malformed multipart" in broken.body
+
+
+def test_a_body_without_length_is_left_to_flask_which_serves_the_hit(app: tuple[Flask, list[str]]) -> None:
+    flask_app, dispatched = app
+    body, ctype = multipart(CAT)
+    computed = call(flask_app, "/predict", body, ctype)
+    chunked = call(flask_app, "/predict", body, ctype, TRANSFER_ENCODING="chunked")
+    assert (chunked.status, chunked.header("X-Cache"), len(dispatched)) == (200, "HIT", 2)
+    assert chunked.body == computed.body
