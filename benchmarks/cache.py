@@ -1,7 +1,7 @@
 """The response cache, measured in one run: a hit's server time, the gain with repeats, the cost without.
 
 Usage (from the repo root; docs/BENCHMARKS.md has the numbers):
-    .venv/bin/python -m benchmarks.cache [--duration 12s] [--concurrency 4] [--rounds 4] [--json out.json]
+    .venv/bin/python -m benchmarks.cache [--duration 8s] [--concurrency 4] [--rounds 6] [--json out.json]
 
 Two real servers stay up the whole run, both with the default layout and the demo
 model: one with the cache on (the default: local LMDB in the run folder), one
@@ -128,11 +128,11 @@ def summary(fraction: float, rates: dict[str, list[float]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cache", description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=parse_seconds, default=12.0, help="measured seconds per side (12s)")
+    parser.add_argument("--duration", type=parse_seconds, default=8.0, help="measured seconds per side (8s)")
     parser.add_argument("--warmup", type=parse_seconds, default=3.0, help="warm-up seconds per side (3s)")
     parser.add_argument("--concurrency", type=int, default=4, help="connections (default 4)")
     # more, shorter alternations: this machine drifts 10-15 % between rounds (docs/BENCHMARKS.md)
-    parser.add_argument("--rounds", type=int, default=4, help="on/off pairs per workload (default 4)")
+    parser.add_argument("--rounds", type=int, default=6, help="on/off pairs per workload (default 6)")
     parser.add_argument("--hits", type=int, default=400, help="requests for the hit time (default 400)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
