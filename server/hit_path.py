@@ -25,6 +25,7 @@ by Flask, which answers with the error.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,14 @@ from werkzeug.wrappers import Request
 
 from onnxpool.server import gates, instrument, timing
 from onnxpool.server.context import ServerContext
+from onnxpool.server.errors import OnnxpoolError
 from onnxpool.server.routes_image import CACHE_ENDPOINT, image_paths, read_image_request
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+
+log = logging.getLogger("onnxpool.cache")
 
 
 class HitPath:
@@ -74,7 +79,10 @@ class HitPath:
             with timer.phase("decode") if timer is not None else nullcontext():
                 asked = read_image_request(req, ctx)
             looked = ctx.cache.look_up(environ, CACHE_ENDPOINT, asked.cache_params(), asked.images)
-        except Exception:  # refused, or broken: Flask meets the same error and answers it
+        except OnnxpoolError:  # refused: Flask meets the same refusal and renders it
+            return None
+        except Exception:  # a bug: logged, and the request is still served (through Flask)
+            log.exception("hit path failed on %s; the request goes on to Flask", rule)
             return None
         if looked is None:
             return None

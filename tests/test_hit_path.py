@@ -6,6 +6,7 @@ test_security.py (API key) and test_admission.py (shedding)."""
 from __future__ import annotations
 
 import io
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from flask import Flask
 
 from onnxpool.config.loader import load_settings
-from onnxpool.server import instrument
+from onnxpool.server import hit_path, instrument
 from onnxpool.server import response_cache as rc
 from onnxpool.server.app import CachePlan, create_app, open_in_worker
 from onnxpool.server.caching import store_settings
@@ -176,3 +177,20 @@ def test_a_body_without_length_is_left_to_flask_which_serves_the_hit(app: tuple[
     chunked = call(flask_app, "/predict", body, ctype, TRANSFER_ENCODING="chunked")
     assert (chunked.status, chunked.header("X-Cache"), len(dispatched)) == (200, "HIT", 2)
     assert chunked.body == computed.body
+
+
+def test_a_bug_in_the_hit_path_is_logged_and_the_request_still_served(
+    app: tuple[Flask, list[str]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    flask_app, dispatched = app
+    body, ctype = multipart(CAT)
+    computed = call(flask_app, "/predict", body, ctype)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(hit_path, "read_image_request", broken)  # the hit path's binding only
+    with caplog.at_level(logging.ERROR, logger="onnxpool.cache"):
+        reply = call(flask_app, "/predict", body, ctype)
+    assert (reply.status, reply.header("X-Cache"), reply.body, len(dispatched)) == (200, "HIT", computed.body, 2)
+    assert "hit path failed on /predict" in caplog.text and "RuntimeError: a bug" in caplog.text
