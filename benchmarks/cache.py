@@ -32,18 +32,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from benchmarks.alternating import alternating_rounds, predict_rate
 from benchmarks.floor import start_floor_app
 from benchmarks.output import emit
-from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
+from onnxpool.bench.httpbench import parse_seconds
 from onnxpool.bench.idle_latency import measured_polling
 from onnxpool.bench.paths import CAT_JPEG
-from onnxpool.bench.progress import Progress
-from onnxpool.bench.repeats import RepeatWorkload
 from onnxpool.bench.servers import Server, running_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
@@ -78,34 +78,10 @@ def server_times(server: Server, image: bytes, count: int) -> dict[str, Any]:
     } | ({"cache_part_p50_ms": pct(lookups, 50)} if lookups else {})
 
 
-def throughput(server: Server, fraction: float, args: argparse.Namespace) -> float:
-    """Requests/s of /predict at `--concurrency` with this fraction of repeats (a fresh set of images)."""
-    options = BenchOptions(
-        url=server.url,
-        mode="predict",
-        concurrency=(args.concurrency,),
-        warmup=args.warmup,
-        duration=args.duration,
-        image=CAT_JPEG,
-        repeat_fraction=fraction,
-    )
-    report = run_bench(options, Progress(enabled=False), RepeatWorkload(CAT_JPEG, fraction))
-    step = report.steps[0]
-    if step.error_count:
-        raise RuntimeError(f"{step.error_count} errors: {step.errors}")
-    return step.throughput
-
-
 def compare(sides: dict[str, Server], fraction: float, args: argparse.Namespace) -> dict[str, list[float]]:
     """Requests/s of each server on the same workload, `--rounds` times, the order reversed every round."""
-    rates: dict[str, list[float]] = {name: [] for name in sides}
-    for round_ in range(args.rounds):
-        order = list(sides.items()) if round_ % 2 == 0 else list(reversed(sides.items()))
-        for name, server in order:
-            rate = throughput(server, fraction, args)
-            rates[name].append(rate)
-            print(f"  repeat fraction {fraction:g}, {name}: {rate:.1f} req/s", file=sys.stderr)
-    return rates
+    measures = {name: partial(predict_rate, server, args, repeat_fraction=fraction) for name, server in sides.items()}
+    return alternating_rounds(measures, args.rounds, f"repeat fraction {fraction:g}")
 
 
 def summary(fraction: float, rates: dict[str, list[float]]) -> dict[str, Any]:
@@ -168,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("hit time, idle CPUs polling (root only) ...", file=sys.stderr)
             result["idle_polling"] = measured_polling(hit_times)
             print("throughput, every request a repeat (cache on) ...", file=sys.stderr)
-            result["all_hits_rps"] = round(throughput(on, 1.0, args), 1)
+            result["all_hits_rps"] = round(predict_rate(on, args, repeat_fraction=1.0), 1)
             reply_bytes = len(requests.post(on.url + "/predict", data=cat, headers=JPEG, timeout=30).content)
             floor = start_floor_app(folder, workers, reply_bytes)
             try:

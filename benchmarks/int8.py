@@ -25,14 +25,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchmarks.alternating import alternating_rounds, predict_rate
 from benchmarks.output import emit
-from onnxpool.bench.httpbench import BenchOptions, parse_seconds, run_bench
+from onnxpool.bench.httpbench import parse_seconds
 from onnxpool.bench.idle_latency import measured_polling
-from onnxpool.bench.paths import CAT_JPEG, DEMO_MODEL
-from onnxpool.bench.progress import Progress
+from onnxpool.bench.paths import DEMO_MODEL
 from onnxpool.bench.servers import Server, running_server
 from onnxpool.config.loader import CONFIG_DIR
 from onnxpool.workers.cores import plan_layout, usable_cores
@@ -49,32 +50,10 @@ def in_process(rounds: int, duration: float) -> str:
     return done.stdout
 
 
-def predict_rate(server: Server, model: str, args: argparse.Namespace) -> float:
-    """Requests/s of /predict with the cat photo at --concurrency."""
-    options = BenchOptions(
-        url=server.url,
-        mode="predict",
-        concurrency=(args.concurrency,),
-        warmup=args.warmup,
-        duration=args.duration,
-        model=model,
-        image=CAT_JPEG,
-    )
-    step = run_bench(options, Progress(enabled=False)).steps[0]
-    if step.error_count:
-        raise RuntimeError(f"{step.error_count} errors: {step.errors}")
-    return step.throughput
-
-
 def over_http(sides: dict[str, tuple[Server, str]], args: argparse.Namespace, label: str) -> dict[str, Any]:
     """Alternating rounds (F I, I F, ...); the ratio of the means and every pair's ratio."""
-    rates: dict[str, list[float]] = {name: [] for name in sides}
-    for round_ in range(args.rounds):
-        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
-        for name in order:
-            server, model = sides[name]
-            rates[name].append(predict_rate(server, model, args))
-            print(f"  {label}, round {round_ + 1}, {name}: {rates[name][-1]:.1f} req/s", file=sys.stderr)
+    measures = {name: partial(predict_rate, server, args, model=model) for name, (server, model) in sides.items()}
+    rates = alternating_rounds(measures, args.rounds, label)
     pairs = [i / f for f, i in zip(rates["fp32"], rates["int8"], strict=True)]
     return {
         "fp32_rps": [round(r, 1) for r in rates["fp32"]],

@@ -1,0 +1,52 @@
+"""Two or more servers measured next to each other: /predict req/s in rounds whose order flips.
+
+This machine drifts by 10-15 % within minutes, so the one-run benchmarks (cache, int8)
+never measure one side and then the other: each round measures every side, and every
+other round in the reverse order (A B, B A, ...), so drift falls on both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+
+from onnxpool.bench.httpbench import BenchOptions, run_bench
+from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.bench.progress import Progress
+from onnxpool.bench.servers import Server
+
+
+def predict_rate(
+    server: Server, args: argparse.Namespace, *, model: str | None = None, repeat_fraction: float | None = None
+) -> float:
+    """Requests/s of /predict with the cat photo at `args.concurrency` for `args.warmup` + `args.duration`.
+
+    `repeat_fraction`: that share of the requests repeats earlier images (bench.repeats; each
+    call a fresh set); None sends the one photo with `Cache-Control: no-store`, so it is computed.
+    """
+    options = BenchOptions(
+        url=server.url,
+        mode="predict",
+        concurrency=(args.concurrency,),
+        warmup=args.warmup,
+        duration=args.duration,
+        image=CAT_JPEG,
+        repeat_fraction=repeat_fraction,
+        model=model if model is not None else BenchOptions.model,  # the default: the demo model's name
+    )
+    step = run_bench(options, Progress(enabled=False)).steps[0]
+    if step.error_count:
+        raise RuntimeError(f"{step.error_count} errors: {step.errors}")
+    return step.throughput
+
+
+def alternating_rounds(sides: Mapping[str, Callable[[], float]], rounds: int, label: str) -> dict[str, list[float]]:
+    """Each side's rate per round, the order reversed every other round; progress on stderr."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for round_ in range(rounds):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(list(sides)))
+        for name in order:
+            rates[name].append(sides[name]())
+            print(f"  {label}, round {round_ + 1}, {name}: {rates[name][-1]:.1f} req/s", file=sys.stderr)
+    return rates
