@@ -95,8 +95,7 @@ class Instrumentation:
             return start_response(status, headers, exc_info)
 
         def finish() -> None:
-            if pending[0]:  # only if the app failed before replying
-                record(500, timer.total())
+            record(500, timer.total())  # counts only if the app failed before replying
             request_id.set_current(None)
 
         if pending[0]:
