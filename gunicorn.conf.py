@@ -1,6 +1,6 @@
 """`gunicorn -c gunicorn.conf.py` from a checkout: the same configuration `onnxpool serve` uses.
 
-The configuration itself is package data (service/gunicorn_conf.py, installed as onnxpool/gunicorn_conf.py, so an
+The configuration itself is package data (launch/gunicorn_conf.py, installed as onnxpool/gunicorn_conf.py, so an
 installed onnxpool serves from anywhere). gunicorn executes this file afresh at
 start and on every HUP; `run_path` executes the package's file afresh too, so a
 HUP re-validates the settings and the model exactly as with `onnxpool serve`.

@@ -1,7 +1,7 @@
 """Development-only benchmarks, run from a checkout (`python -m benchmarks.compare`); not installed.
 
 They compare onnxpool with other ways of serving the model and measure what the
-stack allows; `onnxpool bench|limit|tune` (onnxpool.bench) are the installed tools.
+stack allows; `onnxpool bench|limit|tune` (onnxpool.measure) are the installed tools.
 """
 
 from pathlib import Path

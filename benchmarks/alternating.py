@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping
 
-from onnxpool.bench.httpbench import BenchOptions, run_bench
-from onnxpool.bench.paths import CAT_JPEG
-from onnxpool.bench.progress import Progress
-from onnxpool.bench.servers import Server
+from onnxpool.measure.httpbench import BenchOptions, run_bench
+from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.measure.progress import Progress
+from onnxpool.measure.servers import Server
 
 
 def predict_rate(

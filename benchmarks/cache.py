@@ -41,10 +41,10 @@ import requests
 from benchmarks.alternating import alternating_rounds, predict_rate
 from benchmarks.floor import start_floor_app
 from benchmarks.output import emit
-from onnxpool.bench.httpbench import parse_seconds
-from onnxpool.bench.idle_latency import measured_polling
-from onnxpool.bench.paths import CAT_JPEG
-from onnxpool.bench.servers import Server, running_server
+from onnxpool.measure.httpbench import parse_seconds
+from onnxpool.measure.idle_latency import measured_polling
+from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.measure.servers import Server, running_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
 JPEG = {"Content-Type": "image/jpeg"}
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             # The same again with idle CPUs polling: one request at a time leaves the CPUs
             # idle in between, and on a VM waking a halted vCPU costs the next request more
-            # than the cache does (bench/idle_latency.py).
+            # than the cache does (measure/idle_latency.py).
             print("hit time, idle CPUs polling (root only) ...", file=sys.stderr)
             result["idle_polling"] = measured_polling(hit_times)
             print("throughput, every request a repeat (cache on) ...", file=sys.stderr)

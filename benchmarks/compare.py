@@ -39,13 +39,13 @@ from typing import Any
 
 from benchmarks import REPO
 from benchmarks.floor import start_floor_app
-from onnxpool.bench.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
-from onnxpool.bench.limit import LimitPlan, measure_limit
-from onnxpool.bench.loadgen import StepResult
-from onnxpool.bench.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
-from onnxpool.bench.payloads import PreparedRequest, infer_path, predict_request, prepare
-from onnxpool.bench.progress import Progress
-from onnxpool.bench.servers import Server, free_port, start_command, start_server
+from onnxpool.measure.httpbench import BenchOptions, parse_seconds, parse_steps, run_bench
+from onnxpool.measure.limit import LimitPlan, measure_limit
+from onnxpool.measure.loadgen import StepResult
+from onnxpool.measure.paths import CAT_JPEG, DEMO_MODEL, MODEL_NAME
+from onnxpool.measure.payloads import PreparedRequest, infer_path, predict_request, prepare
+from onnxpool.measure.progress import Progress
+from onnxpool.measure.servers import Server, free_port, start_command, start_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
 
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     if args.plot:
-        from onnxpool.bench.plot import plot_series
+        from onnxpool.measure.plot import plot_series
 
         series = {
             "onnxpool v2 binary": [s.summary() for s in results["onnxpool_binary"]],

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import REPO
-from onnxpool.bench.loadgen import LoadGenerator, StepPlan
-from onnxpool.bench.payloads import PreparedRequest
-from onnxpool.bench.servers import Server, free_port, start_command, start_server
+from onnxpool.measure.loadgen import LoadGenerator, StepPlan
+from onnxpool.measure.payloads import PreparedRequest
+from onnxpool.measure.servers import Server, free_port, start_command, start_server
 from onnxpool.server.v2codec import encode_infer_request
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.measure.paths import CAT_JPEG
 
 LOGITS = np.linspace(-3, 3, 1000, dtype=np.float32)
 BOUNDARY = "onnxpool-hotpath"

@@ -13,7 +13,7 @@ Usage (from the repo root, nothing else running; docs/BENCHMARKS.md has the numb
    drifts by 10 % within minutes, and the alternation puts the drift into both sides.
    The ratio is the INT8 mean over the FP32 mean; the per-pair ratios show the spread.
    Measured twice: as the machine is, then (root only) with idle CPUs polling
-   (bench/idle_latency.py), since a request that wakes a halted vCPU runs on cold caches.
+   (measure/idle_latency.py), since a request that wakes a halted vCPU runs on cold caches.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 
 from benchmarks.alternating import alternating_rounds, predict_rate
 from benchmarks.output import emit
-from onnxpool.bench.httpbench import parse_seconds
-from onnxpool.bench.idle_latency import measured_polling
-from onnxpool.bench.paths import DEMO_MODEL
-from onnxpool.bench.servers import Server, running_server
 from onnxpool.config.loader import CONFIG_DIR
+from onnxpool.measure.httpbench import parse_seconds
+from onnxpool.measure.idle_latency import measured_polling
+from onnxpool.measure.paths import DEMO_MODEL
+from onnxpool.measure.servers import Server, running_server
 from onnxpool.workers.cores import plan_layout, usable_cores
 
 INT8_CONFIG = CONFIG_DIR / "efficientnet-lite0-int8.toml"

@@ -23,10 +23,10 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult
-from onnxpool.bench.payloads import prepare
-from onnxpool.bench.progress import Progress
-from onnxpool.bench.servers import MODEL_NAME, Server, start_server
+from onnxpool.measure.loadgen import LoadGenerator, StepPlan, StepResult
+from onnxpool.measure.payloads import prepare
+from onnxpool.measure.progress import Progress
+from onnxpool.measure.servers import MODEL_NAME, Server, start_server
 
 
 @dataclass

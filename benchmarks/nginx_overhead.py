@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpool.bench.httpbench import BenchOptions, run_bench
+from onnxpool.measure.httpbench import BenchOptions, run_bench
 from tests.deploy_harness import nginx_binary, start_instance, start_nginx
 from tests.harness import MODEL_NAME, free_port
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from onnxpool.bench.paths import CAT_JPEG
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.measure.paths import CAT_JPEG
 from onnxpool.server.imaging import ImagePipeline, resized_size
 
 CAT = CAT_JPEG

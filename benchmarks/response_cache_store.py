@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from onnxpool.server.response_cache import (
+from onnxpool.cache.store import (
     CachedReply,
     CacheKey,
     CacheSettings,

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from onnxpool.bench.servers import DATA, children_of, proc_status, start_server
+from onnxpool.measure.servers import DATA, children_of, proc_status, start_server
 from onnxpool.server.v2codec import encode_infer_request
 
 MODEL = "efficientnet-lite0"

@@ -1,6 +1,6 @@
 """The response cache in the HTTP layer: the key of a request, hit or compute, the reply headers.
 
-`server.response_cache` is the storage (self-contained, no onnxpool imports);
+`onnxpool.cache.store` is the storage (self-contained, no onnxpool imports);
 this module decides what a request's key is and wraps a route's computation:
 
     return context().cache.serve("classify", {"top_k": k}, images, compute)
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 from flask import Response, request
 
 from onnxpool import __version__
+from onnxpool.cache import store as rc
 from onnxpool.config.settings import CacheSettings, Settings
 from onnxpool.server import jsonfast
-from onnxpool.server import response_cache as rc
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment

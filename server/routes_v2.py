@@ -7,12 +7,12 @@ from typing import Any
 from flask import Blueprint, Response, request
 
 from onnxpool import __version__
+from onnxpool.cache.store import BytesLike, v2_request_payload
 from onnxpool.server import admission, jsonfast
 from onnxpool.server.caching import insert_v2_id
 from onnxpool.server.context import context, json_response, read_body
 from onnxpool.server.datatypes import v2_datatype
 from onnxpool.server.errors import BadRequest, NotFound, Unavailable
-from onnxpool.server.response_cache import BytesLike, v2_request_payload
 from onnxpool.server.timing import phase
 from onnxpool.server.v2codec import (
     BINARY_HEADER,

@@ -16,7 +16,7 @@ identical FP16 values.
 
 The client side (`encode_infer_request`, `decode_infer_response`) lives here
 too: it is the ONE v2 client codec, used by the load generator's payloads
-(`onnxpool.bench.payloads`), the benchmark scripts and the tests, so what they
+(`onnxpool.measure.payloads`), the benchmark scripts and the tests, so what they
 send is what the server's own encoder would write. It stays in this module
 because it shares the tensor encoder with the responses and the JSON data
 reader with the requests.

@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpool.bench.paths import GUNICORN_CONF
 from onnxpool.config.nginx import render_site
 from onnxpool.config.settings import NginxSettings, ServerSettings, Settings
+from onnxpool.measure.paths import GUNICORN_CONF
 from tests.harness import Server, clean_env, free_port, spawn_logged
 
 

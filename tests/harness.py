@@ -1,6 +1,6 @@
 """Start and stop REAL onnxpool servers (gunicorn) for tests.
 
-The code lives in `onnxpool.bench.servers` (`onnxpool tune` starts servers the same way);
+The code lives in `onnxpool.measure.servers` (`onnxpool tune` starts servers the same way);
 this module keeps the names the tests import.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxpool.bench.servers import (
+from onnxpool.measure.servers import (
     DATA,
     DEMO_MODEL,
     MODEL_NAME,

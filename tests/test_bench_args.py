@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from onnxpool.bench.httpbench import parse_seconds, parse_steps, unique_steps
 from onnxpool.cli import build_parser, main
+from onnxpool.measure.httpbench import parse_seconds, parse_steps, unique_steps
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_bench_missing_image_is_one_line_error(tmp_path, capsys: pytest.CaptureF
 
 
 def test_bench_unreachable_server_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from onnxpool.bench.servers import free_port
+    from onnxpool.measure.servers import free_port
 
     code = main(["bench", f"http://127.0.0.1:{free_port()}", "--duration", "1s", "--quiet"])
     assert code == 2
@@ -97,6 +97,6 @@ def test_installed_limit_finds_the_image_pipeline(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = "from onnxpool.bench.limit import image_pipeline_available as f; assert f()"
+    code = "from onnxpool.measure.limit import image_pipeline_available as f; assert f()"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -7,8 +7,8 @@ import io
 import numpy as np
 from werkzeug.formparser import parse_form_data
 
-from onnxpool.bench.paths import CAT_JPEG
-from onnxpool.bench.payloads import InputSpec, concrete_shape, predict_request, v2_binary_request, v2_json_request
+from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.measure.payloads import InputSpec, concrete_shape, predict_request, v2_binary_request, v2_json_request
 from onnxpool.server.v2codec import BINARY_HEADER, RequestLimits, decode_infer_request, parse_header_length
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from onnxpool.bench.paths import CAT_JPEG
-from onnxpool.bench.repeats import RepeatWorkload, jpeg_variant
+from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.measure.repeats import RepeatWorkload, jpeg_variant
 
 TAG = re.compile(rb"onnxpool bench \w+ connection 0 step 1 image (\d+)")
 

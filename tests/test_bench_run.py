@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from onnxpool.bench.limit import LimitPlan, measure_limit
-from onnxpool.bench.paths import DEMO_MODEL
-from onnxpool.bench.servers import Server
 from onnxpool.cli import main
+from onnxpool.measure.limit import LimitPlan, measure_limit
+from onnxpool.measure.paths import DEMO_MODEL
+from onnxpool.measure.servers import Server
 from onnxpool.workers.cores import plan_layout, usable_cores
 from tests.harness import REPO
 
@@ -48,8 +48,8 @@ def test_bench_json_mode_by_request_count(server: Server, tmp_path: Path, capsys
 
 def test_bench_counts_http_errors(server: Server, capsys) -> None:
     """A model name the server does not serve: every request is a 404, counted, exit code 1."""
-    from onnxpool.bench.httpbench import BenchOptions, run_bench
-    from onnxpool.bench.payloads import PreparedRequest
+    from onnxpool.measure.httpbench import BenchOptions, run_bench
+    from onnxpool.measure.payloads import PreparedRequest
 
     request = PreparedRequest("POST", "/v2/models/nope/infer", b"{}", {"Content-Type": "application/json"})
     options = BenchOptions(url=server.url, mode="v2-json", concurrency=(2,), warmup=0.1, duration=2.0)

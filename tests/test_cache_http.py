@@ -17,7 +17,7 @@ import pytest
 import requests
 from flask import Response
 
-from onnxpool.bench.repeats import jpeg_variant
+from onnxpool.measure.repeats import jpeg_variant
 from onnxpool.server.caching import insert_v2_id
 from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_response
 from tests.harness import DATA, MODEL_NAME, Server, running_server

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.measure.paths import CAT_JPEG
 from tests.harness import Server, running_server
 
 # gunicorn's close_graceful waits this long for the client's FIN

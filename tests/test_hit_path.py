@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from flask import Flask
 
+from onnxpool.cache import store as rc
 from onnxpool.config.loader import load_settings
 from onnxpool.server import hit_path, instrument
-from onnxpool.server import response_cache as rc
 from onnxpool.server.app import CachePlan, create_app, open_in_worker
 from onnxpool.server.caching import store_settings
 from onnxpool.workers.model_info import ModelInfo, TensorSpec

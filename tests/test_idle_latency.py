@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxpool.bench import idle_latency
+from onnxpool.measure import idle_latency
 
 
 def test_measures_while_the_request_is_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

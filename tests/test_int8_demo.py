@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from onnxpool.bench.paths import DEMO_MODEL
 from onnxpool.cli import main
 from onnxpool.config.loader import CONFIG_DIR, config_file_named, load_settings
+from onnxpool.measure.paths import DEMO_MODEL
 from tests.harness import DATA, running_server
 
 INT8 = "efficientnet-lite0-int8"

@@ -52,7 +52,7 @@ from tests.slow_model import build_slow_model, infer_body, server_settings
 pytestmark = [pytest.mark.slow, pytest.mark.pod]
 
 OVERLAY = "shared"
-CAT = REPO / "service" / "samples" / "chelsea-cat.jpg"
+CAT = REPO / "models" / "samples" / "chelsea-cat.jpg"
 CGROUP = Path("/sys/fs/cgroup")
 # Kernel filesystems a pod has as well (the runtime mounts them); everything else goes read-only.
 KERNEL_MOUNTS = ("/proc", "/sys", "/dev")

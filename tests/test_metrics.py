@@ -13,7 +13,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from onnxpool.bench.payloads import InputSpec, v2_binary_request
+from onnxpool.measure.payloads import InputSpec, v2_binary_request
 from tests.harness import MODEL_NAME, Server, running_server
 
 INFER_ROUTE = "/v2/models/<model>/infer"

@@ -13,10 +13,10 @@ import pytest
 import requests
 from flask import Flask
 
-from onnxpool.bench.payloads import InputSpec, v2_binary_request
 from onnxpool.config.loader import load_settings
 from onnxpool.config.settings import LoggingSettings
 from onnxpool.logs import GunicornLogger, JsonFormatter, TextFormatter, logconfig_dict
+from onnxpool.measure.payloads import InputSpec, v2_binary_request
 from onnxpool.server import request_id, timing
 from onnxpool.server.app import create_app
 from onnxpool.server.request_id import RequestIdLogFilter

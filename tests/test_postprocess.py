@@ -12,7 +12,7 @@ from onnxpool.server.postprocess import LabelsError, load_labels, scores, top_k
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / "models" / "efficientnet-lite0"
-DATA = REPO / "service" / "samples"
+DATA = REPO / "models" / "samples"
 
 # -- labels ----------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from PIL import Image
 
-from onnxpool.bench.quantize import (
+from onnxpool.cli import main
+from onnxpool.quantize.pipeline import (
     Accuracy,
     choose_reduce_range,
     compare_logits,
@@ -22,7 +23,6 @@ from onnxpool.bench.quantize import (
     report_path,
     search_exclusions,
 )
-from onnxpool.cli import main
 from tests.tiny_models import _save, small_cnn
 
 SIZE = 16
@@ -102,7 +102,7 @@ def test_end_to_end_through_the_cli(work: Path, tmp_path: Path, capsys: pytest.C
     assert accuracy["fp32_top1_accuracy"] is not None and accuracy["int8_top5_accuracy"] is not None
     assert 0.5 <= report["fp32_noise_floor"]["top1_agreement"] <= 1.0
     assert report["search"]["trials"][0]["excluded"] == []
-    assert report["speed"]["speedup"]["int8"] > 0  # default: measured with bench.limit's pinned processes
+    assert report["speed"]["speedup"]["int8"] > 0  # default: measured with measure.limit's pinned processes
 
 
 @pytest.mark.parametrize("method", ["Percentile", "Entropy", "MinMaxMean"])
@@ -271,7 +271,7 @@ def test_search_with_a_kl_bound() -> None:
 
 
 def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
-    from onnxpool.bench.quantize import QuantizeError, class_index, read_label_file
+    from onnxpool.quantize.pipeline import QuantizeError, class_index, read_label_file
 
     labels = tmp_path / "labels.tsv"
     labels.write_text("# file<TAB>class\na.jpg\ttabby\nsub/b.png,3\n")
@@ -286,8 +286,8 @@ def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
 
 
 def test_grey_level_noise_is_in_normalised_units() -> None:
-    from onnxpool.bench.quantize import grey_level_noise
     from onnxpool.config.settings import PreprocessSettings
+    from onnxpool.quantize.pipeline import grey_level_noise
 
     spec = PreprocessSettings(mean=(0.0, 0.0, 0.0), std=(1.0, 2.0, 4.0), scale=1.0)
     images = np.zeros((4, 3, 8, 8), np.float32)
@@ -299,7 +299,7 @@ def test_grey_level_noise_is_in_normalised_units() -> None:
 def test_minmax_mean_ranges_lie_within_minmax_ranges(work: Path, tmp_path: Path) -> None:
     # the mean of per-batch extremes is never outside the extremes of all images, and with
     # batches that differ it is strictly inside for some tensor
-    from onnxpool.bench.quantize import MINMAX_BATCH, Recipe, _Reader, calibrate
+    from onnxpool.quantize.pipeline import MINMAX_BATCH, Recipe, _Reader, calibrate
 
     rng = np.random.default_rng(0)
     images = rng.normal(0, 1, (3 * MINMAX_BATCH, 3, SIZE, SIZE)).astype(np.float32)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from onnxpool.server.response_cache import (
+from onnxpool.cache.store import (
     CacheControl,
     CachedReply,
     CacheKey,

@@ -6,8 +6,8 @@ import tomllib
 
 import pytest
 
-from onnxpool.bench.tomledit import NOTE_PREFIX, set_server_layout
 from onnxpool.config.settings import Settings
+from onnxpool.measure.tomledit import NOTE_PREFIX, set_server_layout
 from tests.harness import REPO
 
 SAMPLE = """\

@@ -52,7 +52,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("ONNXPOOL_CI_CACHE", "/var/cache/onnxpool-ci"))
-CAT = REPO / "service" / "samples" / "chelsea-cat.jpg"
+CAT = REPO / "models" / "samples" / "chelsea-cat.jpg"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 PODMAN = ["podman", "--runtime", "runc"]
 # What debian:*-slim leaves out (docs, man pages, locales), kept out of the rootfs too.

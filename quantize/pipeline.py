@@ -18,7 +18,7 @@ The steps, each in one function below:
    from its start while the budget holds; only if no prefix meets it, a greedy forward
    pass over the layers with the widest calibrated output range, then a backward pass.
    Calibration runs once; candidates reuse its ranges.
-4. Speed (`compare_speed`): FP32 and INT8 with `bench.limit`'s pinned, spawned processes,
+4. Speed (`compare_speed`): FP32 and INT8 with `measure.limit`'s pinned, spawned processes,
    same layout, alternating rounds in one run.
 5. Output: the model and `OUT.quantize.json` (versions, CPU flags, settings, image set
    digests, excluded layers, every number), written only when a candidate met the budget,
@@ -47,8 +47,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from onnxpool.bench.progress import Progress, bar
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.measure.progress import Progress, bar
 from onnxpool.server.errors import OnnxpoolError
 from onnxpool.server.imaging import ImagePipeline
 
@@ -666,8 +666,8 @@ def search_exclusions(
 def compare_speed(
     models: dict[str, Path], seconds: float, rounds: int, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """`bench.limit` on each model: one pinned single-threaded process, rounds alternating the order."""
-    from onnxpool.bench.limit import LimitPlan, measure_alternating, median_ratio
+    """`measure.limit` on each model: one pinned single-threaded process, rounds alternating the order."""
+    from onnxpool.measure.limit import LimitPlan, measure_alternating, median_ratio
     from onnxpool.workers.cores import plan_layout, usable_cores
 
     layout = plan_layout(usable_cores(), 1, 1)
@@ -686,7 +686,7 @@ def compare_speed(
         "items_per_s": {n: [round(r.items_per_second, 2) for r in results[n]] for n in names},
         "p50_ms": {n: [round(r.percentile(50) * 1000, 3) for r in results[n]] for n in names},
         "speedup": {n: median_ratio(results, n, names[0]) for n in names[1:]},
-        "measured_with": "onnxpool.bench.limit (spawned process, pinned, alternating rounds)",
+        "measured_with": "onnxpool.measure.limit (spawned process, pinned, alternating rounds)",
     }
 
 

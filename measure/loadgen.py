@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxpool.bench.payloads import PreparedRequest
-from onnxpool.bench.rawhttp import RawConnection, wire_bytes
-from onnxpool.bench.repeats import RepeatWorkload
+from onnxpool.measure.payloads import PreparedRequest
+from onnxpool.measure.rawhttp import RawConnection, wire_bytes
+from onnxpool.measure.repeats import RepeatWorkload
 
 Workload = PreparedRequest | RepeatWorkload
 """One request sent again and again, or a stream of requests with repeats (`bench.repeats`)."""

@@ -1,9 +1,9 @@
 """onnxpool: a production server for ONNX models on CPUs.
 
 One import name over the project's folders (setup.cfg `package_dir`): this
-folder (service/) is `onnxpool` itself (the `onnxpool` command, the gunicorn
+folder (launch/) is `onnxpool` itself (the `onnxpool` command, the gunicorn
 configuration and hooks); `onnxpool.config` is config/, `onnxpool.workers`
-workers/, `onnxpool.server` server/, `onnxpool.bench` bench/, `onnxpool.models`
+workers/, `onnxpool.server` server/, `onnxpool.measure` measure/, `onnxpool.models`
 models/. The layers and the process rules are in docs/ARCHITECTURE.md.
 """
 

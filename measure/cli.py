@@ -8,15 +8,14 @@ Errors an operator can fix are one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
-from onnxpool.bench.paths import CAT_JPEG
+from onnxpool.measure.paths import CAT_JPEG
 
 
 def _seconds(text: str) -> float:
-    from onnxpool.bench.httpbench import parse_seconds
+    from onnxpool.measure.httpbench import parse_seconds
 
     try:
         return parse_seconds(text)
@@ -25,7 +24,7 @@ def _seconds(text: str) -> float:
 
 
 def _steps(text: str) -> tuple[int, ...]:
-    from onnxpool.bench.httpbench import parse_steps, unique_steps
+    from onnxpool.measure.httpbench import parse_steps, unique_steps
 
     try:
         return unique_steps(parse_steps(text))
@@ -33,13 +32,13 @@ def _steps(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return int(text)
 
 
-def _fraction(text: str) -> float:
+def fraction(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -74,20 +73,20 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_steps, default=(1, 2, 4, 8), help="steps, e.g. 1,2,4,8 (default)")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--duration", type=_seconds, help="measured time per step, e.g. 10s (default 10s)")
-    length.add_argument("--requests", type=_positive, help="measured requests per step instead of a duration")
+    length.add_argument("--requests", type=positive, help="measured requests per step instead of a duration")
     parser.add_argument("--warmup", type=_seconds, default=2.0, help="unmeasured warm-up per step (default 2s)")
     parser.add_argument("--model", help="model name (default: [model].name of the config)")
     parser.add_argument("--config", help="TOML settings file to read the model name from")
-    parser.add_argument("--batch", type=_positive, default=1, help="batch size / images per request (default 1)")
+    parser.add_argument("--batch", type=positive, default=1, help="batch size / images per request (default 1)")
     parser.add_argument("--image", type=Path, default=None, help=f"image for --mode predict (default {CAT_JPEG.name})")
     parser.add_argument(
         "--repeat-fraction",
-        type=_fraction,
+        type=fraction,
         help="--mode predict: this fraction (0..1) of requests repeats earlier images, Zipf-distributed; the "
         "others are new variants of --image (measures the response cache; default: always the same image)",
     )
     parser.add_argument(
-        "--connections-per-process", type=_positive, default=2, help="client connections per load process (default 2)"
+        "--connections-per-process", type=positive, default=2, help="client connections per load process (default 2)"
     )
     parser.add_argument("--output", type=_output_path, help="write the steps to a .csv or .json file")
     parser.add_argument("--plot", type=_png_path, help="write a PNG: throughput and p99 vs concurrency")
@@ -103,17 +102,17 @@ def _model_name(explicit: str | None, config: str | None) -> str:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from onnxpool.bench.httpbench import BenchOptions, client_cpu_note, run_bench
-    from onnxpool.bench.plot import PlotUnavailable, plot_series
-    from onnxpool.bench.progress import Progress
-    from onnxpool.bench.report import format_table, step_rows, write_output
     from onnxpool.config.loader import ConfigError
+    from onnxpool.measure.httpbench import BenchOptions, client_cpu_note, run_bench
+    from onnxpool.measure.plot import PlotUnavailable, plot_series
+    from onnxpool.measure.progress import Progress
+    from onnxpool.measure.report import format_table, step_rows, write_output
 
     image = args.image
     if args.mode == "predict":
         image = image or CAT_JPEG
         if not image.is_file():
-            return _fail(f"--image {image} is not a file")
+            return fail(f"--image {image} is not a file")
     try:
         options = BenchOptions(
             url=args.url.rstrip("/"),
@@ -130,7 +129,7 @@ def bench_command(args: argparse.Namespace) -> int:
         )
         report = run_bench(options, Progress(enabled=not args.quiet))
     except (ConfigError, ValueError, OSError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     rows = step_rows(report.steps)
     repeats = "" if options.repeat_fraction is None else f", {options.repeat_fraction:g} of requests repeat"
     print(f"# {options.mode} against {options.url} (model {options.model}, batch {options.batch}{repeats})")
@@ -145,7 +144,7 @@ def bench_command(args: argparse.Namespace) -> int:
                 args.plot, {f"{options.mode}{repeats} {options.url}": rows}, title=f"onnxpool bench: {options.model}"
             )
         except PlotUnavailable as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         print(f"wrote {args.plot}")
     failed = sum(s.ok for s in report.steps) == 0
     return 1 if failed else 0
@@ -154,9 +153,9 @@ def bench_command(args: argparse.Namespace) -> int:
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", type=Path, help="ONNX file (default: [model].path of the config)")
     parser.add_argument("--config", help="TOML settings file (model path, preprocessing, spin)")
-    parser.add_argument("--workers", type=_positive, help="processes (default: as `serve` would start)")
-    parser.add_argument("--threads-per-worker", type=_positive, help="intra-op threads = cores per process")
-    parser.add_argument("--batch", type=_positive, default=1, help="batch size per inference (default 1)")
+    parser.add_argument("--workers", type=positive, help="processes (default: as `serve` would start)")
+    parser.add_argument("--threads-per-worker", type=positive, help="intra-op threads = cores per process")
+    parser.add_argument("--batch", type=positive, default=1, help="batch size per inference (default 1)")
     parser.add_argument("--duration", type=_seconds, default=5.0, help="measured seconds (default 5s)")
     parser.add_argument("--warmup", type=_seconds, default=1.0, help="unmeasured seconds first (default 1s)")
     parser.add_argument(
@@ -174,32 +173,32 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL",
         help="also measure this ONNX file (e.g. the INT8 model), same layout and pipeline, in alternating rounds",
     )
-    parser.add_argument("--rounds", type=_positive, help="measurements per model (default 1; 3 with --compare)")
+    parser.add_argument("--rounds", type=positive, help="measurements per model (default 1; 3 with --compare)")
 
 
 def limit_command(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from onnxpool.bench.limit import LimitPlan, image_pipeline_available, measure_alternating, median_ratio
-    from onnxpool.bench.report import format_table
     from onnxpool.config.loader import ConfigError, load_settings
+    from onnxpool.measure.limit import LimitPlan, image_pipeline_available, measure_alternating, median_ratio
+    from onnxpool.measure.report import format_table
     from onnxpool.workers.cores import plan_layout, usable_cores
 
     try:
         settings = load_settings(args.config).settings
     except ConfigError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     model = args.model or settings.model.path
     for path in (model, *args.compare):
         if not Path(path).is_file():
-            return _fail(f"model file {path} does not exist")
+            return fail(f"model file {path} does not exist")
     workers = args.workers or settings.server.workers
     threads = args.threads_per_worker or settings.server.threads_per_worker
     layout = plan_layout(usable_cores(), workers, threads)
     pipelines = ["raw", "image"] if args.pipeline == "both" else [args.pipeline]
     if "image" in pipelines and not image_pipeline_available():
         if args.pipeline == "image":
-            return _fail("the image pipeline (server.imaging) is not installed in this onnxpool")
+            return fail("the image pipeline (server.imaging) is not installed in this onnxpool")
         print("image pipeline: skipped (server.imaging is not installed)", file=sys.stderr)
         pipelines.remove("image")
     models = {str(m): Path(m) for m in (model, *args.compare)}
@@ -263,21 +262,21 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML settings file the servers are started with")
     parser.add_argument("--budget", type=_seconds, default=120.0, help="time bound for the whole run (default 120s)")
     parser.add_argument(
-        "--concurrency", type=_positive, help="connections for the HTTP confirmation (default 2 x usable cores)"
+        "--concurrency", type=positive, help="connections for the HTTP confirmation (default 2 x usable cores)"
     )
     parser.add_argument("--batches", type=_steps, default=(1, 4, 8), help="batch sizes measured in-process (1,4,8)")
-    parser.add_argument("--top", type=_positive, default=3, help="candidates confirmed over HTTP (default 3)")
+    parser.add_argument("--top", type=positive, default=3, help="candidates confirmed over HTTP (default 3)")
     parser.add_argument("--write", type=Path, help="update [server] workers/threads_per_worker in this TOML file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from onnxpool.bench.progress import Progress
-    from onnxpool.bench.tune import TuneOptions, format_ranking, run_tune, write_winner
     from onnxpool.config.loader import ConfigError
+    from onnxpool.measure.progress import Progress
+    from onnxpool.measure.tune import TuneOptions, format_ranking, run_tune, write_winner
 
     if args.write is not None and not args.write.is_file():
-        return _fail(f"--write {args.write}: no such file (tune updates an existing config)")
+        return fail(f"--write {args.write}: no such file (tune updates an existing config)")
     options = TuneOptions(
         config=Path(args.config) if args.config else None,
         budget=args.budget,
@@ -288,10 +287,10 @@ def tune_command(args: argparse.Namespace) -> int:
     try:
         result = run_tune(options, Progress(enabled=not args.quiet))
     except (ConfigError, RuntimeError, TimeoutError, OSError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     print(format_ranking(result))
     if result.winner is None:
-        return _fail("no layout could be confirmed over HTTP within the budget")
+        return fail("no layout could be confirmed over HTTP within the budget")
     if args.write is not None:
         write_winner(args.write, result)
         print(
@@ -301,112 +300,6 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
-    from onnxpool.bench.quantize import CALIB_METHODS
-
-    parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
-    parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
-    parser.add_argument("--eval", type=Path, help="folder of held-out images (class subfolders = labels)")
-    parser.add_argument("--eval-labels", type=Path, help="labels file for --eval: 'file<TAB>class' per line")
-    parser.add_argument(
-        "--max-disagreement",
-        type=_fraction,
-        default=0.03,
-        help="largest share of images whose top-1 differs from FP32's (default 0.03)",
-    )
-    parser.add_argument(
-        "--gate",
-        choices=("all", "decisive"),
-        default="all",
-        help="apply --max-disagreement to all images (default) or only where FP32's top-1 leads by --decisive-margin",
-    )
-    parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
-    parser.add_argument("--decisive-margin", type=_fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
-    parser.add_argument(
-        "--method",
-        choices=CALIB_METHODS,
-        default="MinMax",
-        help="calibration: MinMax (extremes of all images), MinMaxMean (mean of per-batch extremes), "
-        "Entropy, Percentile",
-    )
-    parser.add_argument(
-        "--views", type=_positive, default=1, help="per calibration photo: itself, its mirror, random crops (1)"
-    )
-    parser.add_argument(
-        "--eval-views", type=_positive, default=1, help="the same per held-out photo (1: each photo as uploaded)"
-    )
-    parser.add_argument("--max-float", type=int, default=12, help="most layers the search may keep float (12)")
-    parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
-    parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
-    parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
-    parser.add_argument("--config", help="TOML settings file: [model.preprocess] and [limits] used for the images")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def quantize_command(args: argparse.Namespace) -> int:
-    from onnxpool.bench.progress import Progress
-    from onnxpool.config.loader import ConfigError, load_settings
-
-    try:
-        settings = load_settings(args.config).settings
-    except ConfigError as exc:
-        return _fail(str(exc))
-    try:
-        from onnxpool.bench.quantize import QuantizeError, QuantizeOptions, report_path, run_quantize
-    except ImportError as exc:
-        return _fail(f"quantize needs the onnx package ({exc.name} is missing): pip install 'onnxpool[quantize]'")
-    labels: tuple[str, ...] = ()
-    if settings.model.labels is not None and Path(settings.model.labels).is_file():
-        labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
-    options = QuantizeOptions(
-        model=args.model or Path(settings.model.path),
-        calibration=args.calibration,
-        output=args.output,
-        preprocess=settings.model.preprocess,
-        limits=settings.limits,
-        class_names=labels,
-        eval=args.eval,
-        eval_labels=args.eval_labels,
-        max_disagreement=args.max_disagreement,
-        max_kl=args.max_kl,
-        gate=args.gate,
-        decisive_margin=args.decisive_margin,
-        calibrate_method=args.method,
-        views=args.views,
-        eval_views=args.eval_views,
-        max_float=args.max_float,
-        exclude=tuple(args.exclude),
-        speed_seconds=args.speed_seconds,
-        speed_rounds=args.speed_rounds,
-        config_file=args.config,
-    )
-    # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        report = run_quantize(options, Progress(enabled=not args.quiet))
-    except QuantizeError as exc:
-        return _fail(str(exc))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    acc = report["accuracy"]
-    print(f"wrote {args.output} and {report_path(args.output)}")
-    print(
-        f"float layers {len(report['float_layers'])}; on {report['judged_on']}: top-1 agreement "
-        f"{acc['top1_agreement']:.3f} (decisive {acc['decisive_agreement']:.3f} of {acc['decisive_n']}), "
-        f"top-5 overlap {acc['top5_overlap']:.3f}, mean KL {acc['mean_kl']:.4f}"
-    )
-    if acc["labelled"]:
-        print(
-            f"labelled {acc['labelled']}: top-1 FP32 {acc['fp32_top1_accuracy']:.3f} INT8 "
-            f"{acc['int8_top1_accuracy']:.3f}; top-5 FP32 {acc['fp32_top5_accuracy']:.3f} "
-            f"INT8 {acc['int8_top5_accuracy']:.3f}"
-        )
-    if report["speed"] is not None:
-        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
-    return 0
-
-
-def _fail(message: str) -> int:
+def fail(message: str) -> int:
     print(f"onnxpool: error: {message}", file=sys.stderr)
     return 2

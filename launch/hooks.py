@@ -1,6 +1,6 @@
 """Bodies of the gunicorn hooks: the one place where the worker pool and the HTTP app meet.
 
-`service/gunicorn_conf.py` calls each in one line. Process rules (why things
+`launch/gunicorn_conf.py` calls each in one line. Process rules (why things
 happen where they do; docs/ARCHITECTURE.md):
 - master, each config load (start and every HUP), `configure()`: settings are
   loaded and validated ONCE, the model is validated (in a subprocess, from a
@@ -169,7 +169,7 @@ def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
     """
     import lmdb
 
-    from onnxpool.server import response_cache
+    from onnxpool.cache import store as response_cache
 
     section = settings.cache
     if not section.enabled or section.url:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxpool.bench.loadgen import StepResult
+from onnxpool.measure.loadgen import StepResult
 
 COLUMNS = (
     ("concurrency", "conc", "{}"),

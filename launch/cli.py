@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--config", help="TOML settings file")
     config.set_defaults(func=_config)
 
-    from onnxpool.bench import cli as bench_cli  # argument declarations; the measuring code loads on use
+    # Argument declarations only; the measuring and quantizing code loads when its command runs.
+    from onnxpool.measure import cli as bench_cli
+    from onnxpool.quantize import cli as quantize_cli
 
     tools = (
         (
@@ -128,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "quantize",
             "static INT8 of a float model, as accurate as a budget allows",
-            bench_cli.add_quantize_arguments,
-            bench_cli.quantize_command,
+            quantize_cli.add_quantize_arguments,
+            quantize_cli.quantize_command,
         ),
     )
     for name, help_text, add_arguments, command in tools:

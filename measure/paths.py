@@ -13,5 +13,5 @@ GUNICORN_CONF = PACKAGE / "gunicorn_conf.py"
 MODEL_NAME = "efficientnet-lite0"
 DEMO_MODEL = DEFAULT_CONFIG_FILE.parent.parent / "models" / MODEL_NAME / "model.onnx"
 # Sample photos shipped with the package (the bench's default payload).
-DATA = PACKAGE / "samples"
+DATA = DEMO_MODEL.parent.parent / "samples"
 CAT_JPEG = DATA / "chelsea-cat.jpg"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.client
 import socket
 
-from onnxpool.bench.payloads import PreparedRequest
+from onnxpool.measure.payloads import PreparedRequest
 
 _HEADER_END = b"\r\n\r\n"
 

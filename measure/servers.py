@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from onnxpool.bench.paths import CAT_JPEG, DATA, DEMO_MODEL, GUNICORN_CONF, MODEL_NAME
+from onnxpool.measure.paths import CAT_JPEG, DATA, DEMO_MODEL, GUNICORN_CONF, MODEL_NAME
 
 __all__ = ["CAT_JPEG", "DATA", "DEMO_MODEL", "MODEL_NAME"]
 

@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onnxpool.bench.httpbench import BenchOptions, run_bench
-from onnxpool.bench.limit import LimitPlan, LimitResult, measure_limit
-from onnxpool.bench.loadgen import StepResult
-from onnxpool.bench.progress import Progress, bar
-from onnxpool.bench.report import format_table
-from onnxpool.bench.servers import start_server
-from onnxpool.bench.tomledit import set_server_layout
 from onnxpool.config.loader import load_settings
 from onnxpool.config.settings import Settings
+from onnxpool.measure.httpbench import BenchOptions, run_bench
+from onnxpool.measure.limit import LimitPlan, LimitResult, measure_limit
+from onnxpool.measure.loadgen import StepResult
+from onnxpool.measure.progress import Progress, bar
+from onnxpool.measure.report import format_table
+from onnxpool.measure.servers import start_server
+from onnxpool.measure.tomledit import set_server_layout
 from onnxpool.workers.cores import Layout, plan_layout, usable_cores
 
 # Rough fixed costs, used only to size durations within the budget.

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxpool.bench.payloads import PreparedRequest, multipart_body
-from onnxpool.bench.rawhttp import wire_bytes
+from onnxpool.measure.payloads import PreparedRequest, multipart_body
+from onnxpool.measure.rawhttp import wire_bytes
 
 JPEG_START = b"\xff\xd8"
 COMMENT_MARKER = b"\xff\xfe"

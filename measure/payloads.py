@@ -76,7 +76,7 @@ def random_tensor(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
 
 # A bench run sends ONE payload over and over; the response cache would answer all but the
 # first, and the run would measure the cache instead of the model. These requests bypass it
-# (neither read nor written); `--repeat-fraction` (bench/repeats.py) measures the cache.
+# (neither read nor written); `--repeat-fraction` (measure/repeats.py) measures the cache.
 BYPASS_CACHE = {"Cache-Control": "no-store"}
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxpool.bench.loadgen import LoadGenerator, StepPlan, StepResult, Workload, total_cpu_seconds
-from onnxpool.bench.payloads import Mode, prepare
-from onnxpool.bench.progress import Progress
-from onnxpool.bench.repeats import RepeatWorkload
+from onnxpool.measure.loadgen import LoadGenerator, StepPlan, StepResult, Workload, total_cpu_seconds
+from onnxpool.measure.payloads import Mode, prepare
+from onnxpool.measure.progress import Progress
+from onnxpool.measure.repeats import RepeatWorkload
 
 
 @dataclass(frozen=True)

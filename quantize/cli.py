@@ -1,0 +1,119 @@
+"""Arguments and entry point of `onnxpool quantize` (registered by `onnxpool.cli`).
+
+The pipeline (onnx, onnxruntime's quantization tools) loads only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from onnxpool.measure.cli import fail, fraction, positive
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    from onnxpool.quantize.pipeline import CALIB_METHODS
+
+    parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
+    parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
+    parser.add_argument("--eval", type=Path, help="folder of held-out images (class subfolders = labels)")
+    parser.add_argument("--eval-labels", type=Path, help="labels file for --eval: 'file<TAB>class' per line")
+    parser.add_argument(
+        "--max-disagreement",
+        type=fraction,
+        default=0.03,
+        help="largest share of images whose top-1 differs from FP32's (default 0.03)",
+    )
+    parser.add_argument(
+        "--gate",
+        choices=("all", "decisive"),
+        default="all",
+        help="apply --max-disagreement to all images (default) or only where FP32's top-1 leads by --decisive-margin",
+    )
+    parser.add_argument("--max-kl", type=float, help="also require mean KL(FP32 || INT8) <= this (default: none)")
+    parser.add_argument("--decisive-margin", type=fraction, default=0.1, help="softmax top-1 minus top-2 (0.1)")
+    parser.add_argument(
+        "--method",
+        choices=CALIB_METHODS,
+        default="MinMax",
+        help="calibration: MinMax (extremes of all images), MinMaxMean (mean of per-batch extremes), "
+        "Entropy, Percentile",
+    )
+    parser.add_argument(
+        "--views", type=positive, default=1, help="per calibration photo: itself, its mirror, random crops (1)"
+    )
+    parser.add_argument(
+        "--eval-views", type=positive, default=1, help="the same per held-out photo (1: each photo as uploaded)"
+    )
+    parser.add_argument("--max-float", type=int, default=12, help="most layers the search may keep float (12)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
+    parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
+    parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
+    parser.add_argument("--config", help="TOML settings file: [model.preprocess] and [limits] used for the images")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def quantize_command(args: argparse.Namespace) -> int:
+    from onnxpool.config.loader import ConfigError, load_settings
+    from onnxpool.measure.progress import Progress
+
+    try:
+        settings = load_settings(args.config).settings
+    except ConfigError as exc:
+        return fail(str(exc))
+    try:
+        from onnxpool.quantize.pipeline import QuantizeError, QuantizeOptions, report_path, run_quantize
+    except ImportError as exc:
+        return fail(f"quantize needs the onnx package ({exc.name} is missing): pip install 'onnxpool[quantize]'")
+    labels: tuple[str, ...] = ()
+    if settings.model.labels is not None and Path(settings.model.labels).is_file():
+        labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
+    options = QuantizeOptions(
+        model=args.model or Path(settings.model.path),
+        calibration=args.calibration,
+        output=args.output,
+        preprocess=settings.model.preprocess,
+        limits=settings.limits,
+        class_names=labels,
+        eval=args.eval,
+        eval_labels=args.eval_labels,
+        max_disagreement=args.max_disagreement,
+        max_kl=args.max_kl,
+        gate=args.gate,
+        decisive_margin=args.decisive_margin,
+        calibrate_method=args.method,
+        views=args.views,
+        eval_views=args.eval_views,
+        max_float=args.max_float,
+        exclude=tuple(args.exclude),
+        speed_seconds=args.speed_seconds,
+        speed_rounds=args.speed_rounds,
+        config_file=args.config,
+    )
+    # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = run_quantize(options, Progress(enabled=not args.quiet))
+    except QuantizeError as exc:
+        return fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    acc = report["accuracy"]
+    print(f"wrote {args.output} and {report_path(args.output)}")
+    print(
+        f"float layers {len(report['float_layers'])}; on {report['judged_on']}: top-1 agreement "
+        f"{acc['top1_agreement']:.3f} (decisive {acc['decisive_agreement']:.3f} of {acc['decisive_n']}), "
+        f"top-5 overlap {acc['top5_overlap']:.3f}, mean KL {acc['mean_kl']:.4f}"
+    )
+    if acc["labelled"]:
+        print(
+            f"labelled {acc['labelled']}: top-1 FP32 {acc['fp32_top1_accuracy']:.3f} INT8 "
+            f"{acc['int8_top1_accuracy']:.3f}; top-5 FP32 {acc['fp32_top5_accuracy']:.3f} "
+            f"INT8 {acc['int8_top5_accuracy']:.3f}"
+        )
+    if report["speed"] is not None:
+        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
+    return 0
