@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
 from onnxpool.measure.paths import CAT_JPEG
-from onnxpool.server.imaging import ImagePipeline, resized_size
+from onnxpool.tasks.image.imaging import ImagePipeline, resized_size
 
 CAT = CAT_JPEG
 

@@ -21,15 +21,10 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from onnxpool.cache.store import (
-    CachedReply,
-    CacheKey,
-    CacheSettings,
-    ResponseCache,
-    cache_key,
-    open_cache,
-    prepare,
-)
+from onnxpool.cache.codec import CachedReply
+from onnxpool.cache.key import CacheKey, cache_key
+from onnxpool.cache.policy import ResponseCache, open_cache, prepare
+from onnxpool.config.settings import CacheSettings
 
 
 def pct(samples: list[int], p: float) -> float:

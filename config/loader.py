@@ -28,6 +28,9 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
 
 Key = tuple[str, ...]
+TASK_TABLE = "task"
+"""`[task]`: the task's own settings, validated by the task's model (onnxpool.tasks.registry), not here."""
+TASK_KEY: Key = ("model", "task")
 # Values never printed (config errors, `onnxpool config`): they are credentials.
 SECRET_KEYS: frozenset[Key] = frozenset({("auth", "api_keys")})
 
@@ -43,6 +46,10 @@ class LoadedSettings:
     settings: Settings
     sources: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
+
+    def key_sources(self) -> dict[Key, str]:
+        """`sources` keyed by key tuples, as error messages look them up."""
+        return {tuple(dotted.split(".")): where for dotted, where in self.sources.items()}
 
 
 def shipped_configs() -> list[str]:
@@ -137,7 +144,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
         if not var.startswith(ENV_PREFIX) or var == ENV_CONFIG_FILE:
             continue
         key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
-        if key not in known:
+        if key not in known and not (key[0] == TASK_TABLE and len(key) > 1):
             same_section = [k for k in known if k[:-1] == key[:-1]] or [k[:1] for k in known]
             allowed = ", ".join(sorted({ENV_PREFIX + "__".join(k).upper() for k in same_section}))
             raise ConfigError(f"unknown setting in environment variable {var}; allowed: {allowed}")
@@ -166,6 +173,12 @@ def _assign(tree: dict[str, Any], key: Key, value: Any) -> None:
 
 
 def _resolve_path(key: Key, value: Any, base: Path) -> Any:
+    if key == TASK_KEY and isinstance(value, str):
+        # `path/to/file.py:Class`: the file is relative to the settings file like every path
+        file, sep, name = value.rpartition(":")
+        if sep and file.endswith(".py") and not Path(file).expanduser().is_absolute():
+            return f"{(base / Path(file).expanduser()).resolve()}:{name}"
+        return value
     if key in PATH_KEYS and isinstance(value, str) and value:
         candidate = Path(value).expanduser()
         return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
@@ -191,9 +204,9 @@ def _schema_keys(model: type[BaseModel], prefix: Key = ()) -> Iterator[Key]:
             yield (*prefix, name)
 
 
-def _schema_key_of(loc: tuple[int | str, ...]) -> Key:
+def _schema_key_of(loc: tuple[int | str, ...], root: type[BaseModel] = Settings) -> Key:
     """The longest prefix of a pydantic error location that is a settings key or section."""
-    model: type[BaseModel] | None = Settings
+    model: type[BaseModel] | None = root
     key: list[str] = []
     for part in loc:
         if model is None or not isinstance(part, str):
@@ -216,12 +229,27 @@ def _lookup(tree: Mapping[str, Any], key: Key) -> Any:
 
 
 def _describe(exc: ValidationError, merged: Mapping[str, Any], sources: Mapping[Key, str]) -> str:
+    return "invalid settings: " + describe_validation_error(exc, merged, sources)
+
+
+def describe_validation_error(
+    exc: ValidationError,
+    merged: Mapping[str, Any],
+    sources: Mapping[Key, str],
+    root: type[BaseModel] = Settings,
+    prefix: Key = (),
+) -> str:
+    """One line per problem: the dotted key, its value, where it came from, what is allowed.
+
+    `root` is the model that was validated, found at `prefix` in the settings (a task's
+    `[task]` table is validated by the task's own model, at ("task",)).
+    """
     problems: dict[Key, list[str]] = {}
     for error in exc.errors():
-        key = _schema_key_of(error["loc"])
+        key = (*prefix, *_schema_key_of(error["loc"], root))
         if error["type"] == "extra_forbidden":
-            section = key[:-1]
-            owner = _section_model(section)
+            section = key[len(prefix) : -1]
+            owner = _section_model(section, root)
             allowed = ", ".join(owner.model_fields) if owner else "?"
             where = sources.get(key, "input")
             problems.setdefault(key, []).append(f"unknown key (from {where}); allowed here: {allowed}")
@@ -237,11 +265,11 @@ def _describe(exc: ValidationError, merged: Mapping[str, Any], sources: Mapping[
         value = "<hidden>" if key in SECRET_KEYS else _lookup(merged, key)
         where = sources.get(key, "default")
         parts.append(f"{dotted} = {value!r} (from {where}): {' or '.join(dict.fromkeys(messages))}")
-    return "invalid settings: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
-def _section_model(section: Key) -> type[BaseModel] | None:
-    model: type[BaseModel] = Settings
+def _section_model(section: Key, root: type[BaseModel] = Settings) -> type[BaseModel] | None:
+    model: type[BaseModel] = root
     for part in section:
         info = model.model_fields.get(part)
         annotation = info.annotation if info else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -159,6 +159,10 @@ class PreprocessSettings(Section):
 class ModelSettings(Section):
     """`[model]`: the one model this server serves."""
 
+    task: str = "image-classification"
+    """What turns requests into the model's inputs and its outputs into replies: a built-in task
+    (`image-classification`, `tabular`) or your own, `package.module:Class` or `file.py:Class`
+    (docs/TASKS.md). Its settings are the `[task]` table, checked by the task."""
     name: str = Field(default="efficientnet-lite0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     """Name in URLs (/v2/models/{name}); letters, digits, `_ . -`."""
 
@@ -373,6 +377,11 @@ class CacheSettings(Section):
     redis_cooldown_seconds: float = Field(default=5.0, ge=0)
     """After a Redis error each worker skips Redis this long, then tries again (recovers by itself)."""
 
+    @property
+    def backend_name(self) -> str:
+        """`local` (LMDB) or `redis`: a label of the cache's metrics."""
+        return "redis" if self.url else "local"
+
     @field_validator("url")
     @classmethod
     def _url_scheme(cls, value: str) -> str:
@@ -392,3 +401,5 @@ class Settings(Section):
     auth: AuthSettings = AuthSettings()
     metrics: MetricsSettings = MetricsSettings()
     cache: CacheSettings = CacheSettings()
+    task: dict[str, Any] = Field(default_factory=dict)
+    """`[task]`: the settings of `[model] task`, validated by the task's own model when it is built."""

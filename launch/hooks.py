@@ -46,6 +46,7 @@ from gunicorn.http.body import LengthReader
 from onnxpool import wire
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.settings import Settings
+from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
@@ -116,7 +117,7 @@ def configure() -> Serving:
         generation = pool.validate(loaded)
         try:
             app = _build_app(generation, pool)
-        except ConfigError:  # labels or API keys file, cache folder
+        except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
     except (ConfigError, ModelError) as exc:
@@ -157,29 +158,29 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
     from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
 
     settings = generation.settings
+    # The task, built and checked against the model here, before any fork: its class imported,
+    # its [task] table validated, its files read, its inputs and outputs matched to the model's.
+    task = build_task(generation.loaded)
+    task.check(generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
-    return create_app(settings, RUNTIME, plan)
+    return create_app(settings, RUNTIME, plan, task)
 
 
 def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
-    """Master, before forking: the local cache's files, made once per run and kept across HUP.
+    """Master, before forking: the local cache's files (`onnxpool.cache.policy.prepare`), kept across HUP.
 
-    Entries of an older model stay but are never hit (the model digest is in every key) and
-    age out. Only files are made here; every worker opens its own connection after fork.
+    Only files are made here; every worker opens its own connection after fork.
     """
-    import lmdb
-
-    from onnxpool.cache import store as response_cache
+    from onnxpool.cache.policy import CacheSetupError, prepare
 
     section = settings.cache
     if not section.enabled or section.url:
         return None
     folder = pool.run.cache
-    if not response_cache.LocalStore.exists(folder):
-        try:
-            response_cache.LocalStore.create(folder, section.max_bytes)
-        except (OSError, lmdb.Error) as exc:
-            raise ConfigError(f"cache: cannot create the local cache in {folder}: {exc}") from None
+    try:
+        prepare(section, folder)
+    except CacheSetupError as exc:
+        raise ConfigError(f"cache: {exc}") from None
     return folder
 
 
@@ -270,7 +271,8 @@ def post_fork(server: Any, worker: Any) -> None:
     )
     from onnxpool.server.app import open_in_worker
 
-    open_in_worker(s.app)  # the response cache: this worker's own connection, never the master's
+    # The task's thread pools and the response cache's connection: this worker's own, never the master's.
+    open_in_worker(s.app, layout.share_size)
     wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds

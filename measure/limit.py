@@ -33,8 +33,8 @@ PIPELINES: tuple[Pipeline, ...] = ("raw", "image")
 
 
 def image_pipeline_available() -> bool:
-    """True when `onnxpool.server.imaging` (the /predict image pipeline) is installed."""
-    return importlib.util.find_spec("onnxpool.server.imaging") is not None
+    """True when `onnxpool.tasks.image.imaging` (the /predict image pipeline) is installed."""
+    return importlib.util.find_spec("onnxpool.tasks.image.imaging") is not None
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def _runner(plan: LimitPlan, session: Any, feeds: dict[str, np.ndarray]) -> Any:
     """A no-argument callable doing one unit of work: inference, or decode+preprocess+inference."""
     if plan.pipeline == "raw":
         return lambda: session.run(None, feeds)
-    from onnxpool.server.imaging import ImagePipeline  # type: ignore[import-not-found, unused-ignore]
+    from onnxpool.tasks.image.imaging import ImagePipeline  # type: ignore[import-not-found, unused-ignore]
 
     if plan.image is None:
         raise ValueError("the image pipeline needs an image")

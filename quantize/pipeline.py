@@ -3,7 +3,7 @@
 The steps, each in one function below:
 
 1. Images: every file of a folder goes through the server's OWN preprocessing
-   (`onnxpool.server.imaging.ImagePipeline`, `[model.preprocess]` of the active settings), so
+   (`onnxpool.tasks.image.imaging.ImagePipeline`, `[model.preprocess]` of the active settings), so
    the INT8 model is calibrated and judged on exactly what it will see in production.
    Files that are not images are skipped and counted. `views` > 1 adds the mirror and
    random crops of each photo (seeded by its name, so runs repeat).
@@ -49,8 +49,8 @@ import numpy.typing as npt
 
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
 from onnxpool.measure.progress import Progress, bar
-from onnxpool.server.errors import OnnxpoolError
-from onnxpool.server.imaging import ImagePipeline
+from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.image.imaging import ImagePipeline
 
 FloatArray = npt.NDArray[np.float32]
 CalibMethod = Literal["MinMax", "MinMaxMean", "Entropy", "Percentile"]

@@ -28,8 +28,9 @@ from flask import Flask
 from werkzeug.wrappers import Request
 
 from onnxpool.server import gates, timing
-from onnxpool.server.errors import BadRequest, Unavailable
 from onnxpool.server.gates import Gate
+from onnxpool.server.request_state import RequestState, current_timer
+from onnxpool.tasks.errors import BadRequest, Unavailable
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 RETRY_AFTER_SECONDS = 1
@@ -66,7 +67,7 @@ def gate(max_queue_ms: int) -> Gate:
     def check_wait(req: Request) -> None:
         if req.path.startswith(EXEMPT_PREFIXES):
             return
-        timer: timing.RequestTimer | None = req.environ.get(timing.ENVIRON_KEY)
+        timer = RequestState.of(req.environ).timer
         raw_deadline = req.headers.get(TIMEOUT_HEADER)
         if raw_deadline is not None:
             deadline = _header_deadline(raw_deadline)
@@ -86,7 +87,7 @@ def check_infer_timeout(parameters: Mapping[str, object]) -> None:
         return
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise BadRequest(f"parameters.timeout must be a positive integer (microseconds), got {timeout!r}")
-    _shed_if_waited(timing.current(), timeout / 1e6, "the request's timeout parameter")
+    _shed_if_waited(current_timer(), timeout / 1e6, "the request's timeout parameter")
 
 
 def install(app: Flask, max_queue_ms: int) -> None:

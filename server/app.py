@@ -9,21 +9,23 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
+from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, gates, instrument, openapi
+from onnxpool.server import admission, auth, gates, instrument, openapi, routes_v1
 from onnxpool.server.backend import InferenceBackend
-from onnxpool.server.caching import ReplyCache, settings_fingerprint
 from onnxpool.server.context import ServerContext, error_response
-from onnxpool.server.errors import OnnxpoolError
-from onnxpool.server.hit_path import HitPath
-from onnxpool.server.imaging import ImagePipeline
-from onnxpool.server.postprocess import load_labels
-from onnxpool.server.routes_image import blueprint as image_blueprint
+from onnxpool.server.front import Front
+from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
+from onnxpool.server.routes_task import blueprint_for
 from onnxpool.server.routes_v2 import blueprint as v2_blueprint
+from onnxpool.tasks.api import Task
+from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.registry import build_task
 
 log = logging.getLogger("onnxpool.server")
 
@@ -52,7 +54,7 @@ def _handle_unexpected(exc: Exception) -> Response:
 
 @dataclass(frozen=True)
 class CachePlan:
-    """What the master knows about the response cache of a generation (see server.caching)."""
+    """What the master knows about the response cache of a generation (see server.reply_cache)."""
 
     model_digest: str
     """Digest of the model file the generation's workers load (part of every key)."""
@@ -60,12 +62,18 @@ class CachePlan:
     """The local store's folder, already prepared; None when the cache is off or in Redis."""
 
 
-def create_app(settings: Settings, backend: InferenceBackend, cache: CachePlan | None = None) -> Flask:
-    """Build the WSGI app for one model served by `backend`.
+def create_app(
+    settings: Settings,
+    backend: InferenceBackend,
+    cache: CachePlan | None = None,
+    task: Task[Any, Any] | None = None,
+) -> Flask:
+    """Build the WSGI app for one model served by `backend`, running `task` on it.
 
-    Reads the labels and API key files (raising ConfigError's subclasses with one
-    line): the master calls this once per generation, before forking. Without a
-    `cache` plan (an app built in-process) replies are never cached.
+    Reads the API key files (raising ConfigError's subclasses with one line): the master
+    calls this once per generation, before forking, with the task it built and checked
+    (`onnxpool.tasks.registry.build_task`); without one, the task of `settings` is built
+    here. Without a `cache` plan (an app built in-process) replies are never cached.
     """
 
     app = Flask("onnxpool")
@@ -74,19 +82,18 @@ def create_app(settings: Settings, backend: InferenceBackend, cache: CachePlan |
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
     # Every route's inference goes through the wrapper: infer timing + batch-size metric.
     timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
-    labels_file = settings.model.labels
-    labels = load_labels(labels_file) if labels_file is not None else None
+    if task is None:
+        task = build_task(LoadedSettings(settings))
     section = settings.cache if cache is not None else settings.cache.model_copy(update={"enabled": False})
     ctx = ServerContext(
         settings=settings,
         backend=timed,
-        pipeline=ImagePipeline(settings.model.preprocess, settings.limits),
-        labels=labels,
+        task=task,
         cache=ReplyCache(
             section,
             folder=cache.folder if cache is not None else None,
             model_digest=cache.model_digest if cache is not None else "",
-            fingerprint=settings_fingerprint(settings, labels),
+            fingerprint=settings_fingerprint(settings, task.fingerprint()),
             record_metrics=settings.metrics.enabled,
             server_timing=settings.metrics.server_timing,
         ),
@@ -100,15 +107,18 @@ def create_app(settings: Settings, backend: InferenceBackend, cache: CachePlan |
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
     app.register_blueprint(v2_blueprint)
-    app.register_blueprint(image_blueprint)
+    app.register_blueprint(routes_v1.blueprint)
+    app.register_blueprint(blueprint_for(ctx))
     app.register_blueprint(openapi.blueprint)
-    if ctx.cache.wanted:  # hits of the image endpoints answered before Flask, after the same gates
-        app.wsgi_app = HitPath(app.wsgi_app, ctx, gates.of(app))  # type: ignore[method-assign]
-    instrument.install(app, settings)  # request ids, Server-Timing, metrics, GET /metrics: outermost
+    if ctx.cache.wanted:  # hits of the task routes answered before Flask, after the same gates (run once)
+        app.wsgi_app = Front(app.wsgi_app, ctx, gates.of(app))  # type: ignore[method-assign]
+    # request state, ids, Server-Timing, metrics, GET /metrics: outermost
+    instrument.install(app, settings, task.name, task.routes)
     return app
 
 
-def open_in_worker(app: Flask) -> None:
-    """In each worker after fork (gunicorn post_fork): open what must not cross fork (the cache)."""
+def open_in_worker(app: Flask, cores: int) -> None:
+    """In each worker after fork (gunicorn post_fork): make what must not cross fork (the task's, the cache)."""
     ctx: ServerContext = app.extensions["onnxpool"]
+    ctx.task.start_in_worker(cores)
     ctx.cache.open()

@@ -21,8 +21,8 @@ from werkzeug.wrappers import Request
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import AuthSettings
 from onnxpool.server import gates
-from onnxpool.server.errors import Unauthorized
 from onnxpool.server.gates import Gate
+from onnxpool.tasks.errors import Unauthorized
 
 OPEN_PREFIXES = ("/v2/health/", "/openapi.json")
 METRICS_PATH = "/metrics"

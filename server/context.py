@@ -8,16 +8,18 @@ import loops (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from flask import Response, current_app
 from werkzeug.wrappers import Request
 
 from onnxpool.config.settings import Settings
-from onnxpool.server import jsonfast
 from onnxpool.server.backend import InferenceBackend
-from onnxpool.server.caching import ReplyCache
-from onnxpool.server.errors import BadRequest, PayloadTooLarge
-from onnxpool.server.imaging import ImagePipeline
+from onnxpool.server.reply_cache import ReplyCache
+from onnxpool.server.request_state import RequestState
+from onnxpool.tasks import jsonfast
+from onnxpool.tasks.api import Task
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 
 
 @dataclass
@@ -26,10 +28,8 @@ class ServerContext:
 
     settings: Settings
     backend: InferenceBackend
-    pipeline: ImagePipeline
-    """Decodes and preprocesses uploaded images ([model.preprocess], [limits])."""
-    labels: list[str] | None
-    """Class names in output-index order ([model] labels), read when the app is built."""
+    task: Task[Any, Any]
+    """The model's task ([model] task): reads requests, makes feeds, writes replies."""
     cache: ReplyCache
     """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
 
@@ -50,21 +50,18 @@ def context() -> ServerContext:
     return ctx
 
 
-BODY_KEY = "onnxpool.body"
-
-
 def read_body(req: Request, limit: int) -> bytes:
     """The request body, refused with 413 beyond `limit` ([server] max_body_bytes), chunked or not.
 
-    Read once per request and kept in the WSGI environ: the cache's hit path
-    (server.hit_path) reads the body before Flask, and on a miss the route asks again.
+    Read once per request and kept in the request's state: `server.front` may read the
+    body before Flask, and on a miss the route asks again.
     For a chunked body werkzeug's stream ends quietly at MAX_CONTENT_LENGTH (a
     truncated body, no error), so reading through it is not enough on its own.
     """
     environ = req.environ
-    kept: bytes | None = environ.get(BODY_KEY)
-    if kept is not None:
-        return kept
+    state = RequestState.of(environ)
+    if state.body is not None:
+        return state.body
     length = req.content_length
     if length is not None:
         # Known length (already checked against the limit by the body-size gate):
@@ -78,5 +75,5 @@ def read_body(req: Request, limit: int) -> bytes:
         data = req.get_data(cache=False)
         if len(data) > limit:
             raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
-    environ[BODY_KEY] = data
+    state.body = data
     return data

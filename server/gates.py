@@ -1,11 +1,11 @@
 """Request gates: the checks a request passes before any route runs (body size, API key, admission).
 
 A gate is a plain function of a werkzeug `Request` that raises an `OnnxpoolError` to
-refuse it; the app keeps its gates in one ordered list (`app.extensions`). Flask runs
-the list in a single before_request hook. The response cache's hit path
-(`server.hit_path`), which answers hits before Flask, runs the same list first, so a
-hit is refused exactly when a computed reply would be: one list, two callers, no
-second copy of any check.
+refuse it; the app keeps its gates in one ordered list (`app.extensions`). The list runs
+ONCE per request (`run_once`, remembered in the request's state): in `server.front`,
+which answers cache hits before Flask, or else in Flask's single before_request hook. A
+hit is refused exactly when a computed reply would be, and a miss is not judged twice
+(admission would otherwise judge the wait again after the body was read and hashed).
 
 Order matters and is the order of `add`: the size (no body read), then who is
 asking, then whether the request is still worth serving.
@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from flask import Flask, current_app, request
 from werkzeug.wrappers import Request
 
-from onnxpool.server.errors import PayloadTooLarge
+from onnxpool.server.request_state import RequestState
+from onnxpool.tasks.errors import PayloadTooLarge
 
 Gate = Callable[[Request], None]
 GATES_KEY = "onnxpool.gates"
@@ -45,8 +46,18 @@ def run(gates: Sequence[Gate], req: Request) -> None:
         gate(req)
 
 
+def run_once(gates: Sequence[Gate], req: Request, state: RequestState) -> None:
+    """Run the gates unless they already ran for this request; a refusal met earlier is raised again."""
+    if state.gates_passed:
+        return
+    if state.refusal is not None:
+        raise state.refusal
+    run(gates, req)
+    state.gates_passed = True
+
+
 def _run_in_flask() -> None:
-    run(of(current_app), request)
+    run_once(of(current_app), request, RequestState.of(request.environ))
 
 
 def body_size(limit: int) -> Gate:

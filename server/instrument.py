@@ -1,15 +1,17 @@
 """Wires timing, request ids and metrics into the app.
 
 - A WSGI middleware around `app.wsgi_app` sees each request first and last:
-  it starts the phase timer (parsing `X-Request-Start`, once, for the queue wait
-  and for admission control),
+  it makes the request's state (`server.request_state`) with its phase timer
+  (parsing `X-Request-Start`, once, for the queue wait and for admission control),
   settles the request id, adds `X-Request-ID` and `Server-Timing` to the reply
   headers and records the request in Prometheus as the reply leaves the app
   (total = from the proxy's X-Request-Start, or our first look at the request,
   to the reply; the same total as in Server-Timing); the request id is cleared
   when the server closes the reply, after its access line was written.
 - An after_request hook hands the middleware Flask's view of the request (the
-  route template and the model) as bounded metric labels.
+  route template and the model) as bounded metric labels; `server.front` sets them
+  itself for the hits it answers. The task's name and whether the reply was a
+  cache hit are labels too (`task`, `cache`).
 - `InstrumentedBackend` wraps the model backend, so EVERY endpoint that runs an
   inference has its batch size recorded and its `infer` phase timed.
 - GET /metrics serves the Prometheus text (not itself counted).
@@ -27,13 +29,13 @@ from werkzeug.wsgi import ClosingIterator
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
 from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.request_state import RequestState, current_timer, phase
 from onnxpool.workers.model_info import ModelInfo
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 METRICS_PATH = "/metrics"
-LABELS_KEY = "onnxpool.metric_labels"
 UNMATCHED = "<unmatched>"
 UNKNOWN_MODEL = "<unknown>"
 
@@ -60,29 +62,31 @@ class InstrumentedBackend:
         if self._record:
             first = next(iter(feeds.values()), None)
             metrics.observe_batch(self._model, int(first.shape[0]) if first is not None and first.ndim else 1)
-        with timing.phase("infer"):
+        with phase("infer"):
             return self._backend.infer(feeds, output_names)
 
 
 class Instrumentation:
     """WSGI middleware: timer, request id, reply headers, request metrics (see the module doc)."""
 
-    def __init__(self, app: WSGIApplication, *, record_metrics: bool, server_timing: bool) -> None:
+    def __init__(self, app: WSGIApplication, *, task: str, record_metrics: bool, server_timing: bool) -> None:
         self.app = app
+        self.task = task
         self.record_metrics = record_metrics
         self.server_timing = server_timing
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         timer = timing.RequestTimer.arriving(request_start.parse_request_start(environ.get(request_start.ENVIRON_KEY)))
-        environ[timing.ENVIRON_KEY] = timer
         rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
+        state = RequestState.arriving(environ, timer, rid)
         request_id.set_current(rid)
         pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH]
+        task = self.task
 
         def record(status: int, total: float) -> None:
             if pending[0]:
                 pending[0] = False
-                _record_request(environ, timer, status, total)
+                _record_request(state, task, status, total)
 
         def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             total = timer.total()  # one total for the header and the metrics
@@ -108,24 +112,28 @@ class Instrumentation:
         return ClosingIterator(body, finish)
 
 
-def _record_request(environ: WSGIEnvironment, timer: timing.RequestTimer, status: int, total: float) -> None:
-    model, endpoint = environ.get(LABELS_KEY, ("", UNMATCHED))
+def _record_request(state: RequestState, task: str, status: int, total: float) -> None:
+    model, endpoint = state.labels or ("", UNMATCHED)
     metrics.IN_FLIGHT.dec()
-    metrics.observe_request(model, endpoint, status, total, timer.breakdown())
+    metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown())
 
 
-def metric_labels(model_name: str, rule: str, asked: str | None, timer: timing.RequestTimer | None) -> tuple[str, str]:
-    """The bounded (model, endpoint) labels of a request to route `rule` that named model `asked`."""
+def metric_labels(model_name: str, rule: str, asked: str | None, model_route: bool) -> tuple[str, str]:
+    """The bounded (model, endpoint) labels of a request to route `rule` that named model `asked`.
+
+    `model_route`: the route serves the model without naming it in its URL (a task's
+    `/predict`): labelled with the model whether computed or replayed from the cache.
+    """
     if asked is not None:
         model = model_name if asked == model_name else UNKNOWN_MODEL
-    elif timer is not None and "infer" in timer.phases:
-        model = model_name  # a model route without <model> in its URL, e.g. /predict
+    elif model_route or ((timer := current_timer()) is not None and "infer" in timer.phases):
+        model = model_name
     else:
         model = ""
     return model, rule
 
 
-def _stash_labels(model_name: str) -> Any:
+def _stash_labels(model_name: str, model_routes: frozenset[str]) -> Any:
     """after_request hook: bounded labels for the middleware (route template, model)."""
 
     def hook(response: Response) -> Response:
@@ -134,8 +142,8 @@ def _stash_labels(model_name: str) -> Any:
             labels = ("", UNMATCHED)
         else:
             asked = (request.view_args or {}).get("model")
-            labels = metric_labels(model_name, url_rule.rule, asked, timing.current())
-        request.environ[LABELS_KEY] = labels
+            labels = metric_labels(model_name, url_rule.rule, asked, url_rule.rule in model_routes)
+        RequestState.of(request.environ).labels = labels
         return response
 
     return hook
@@ -146,16 +154,16 @@ def _metrics_view() -> Response:
     return Response(body, content_type=content_type)
 
 
-def install(app: Flask, settings: Settings) -> None:
+def install(app: Flask, settings: Settings, task: str, task_routes: Sequence[str]) -> None:
     """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`.
 
     The middleware is installed whatever the metrics settings: its timer carries the
     parsed `X-Request-Start` that admission control sheds by.
     """
     enabled = settings.metrics.enabled
-    app.after_request(_stash_labels(settings.model.name))
+    app.after_request(_stash_labels(settings.model.name, frozenset(task_routes)))
     if enabled:
         app.add_url_rule(METRICS_PATH, "metrics", _metrics_view, methods=["GET"])
     app.wsgi_app = Instrumentation(  # type: ignore[method-assign]
-        app.wsgi_app, record_metrics=enabled, server_timing=settings.metrics.server_timing
+        app.wsgi_app, task=task, record_metrics=enabled, server_timing=settings.metrics.server_timing
     )

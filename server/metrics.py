@@ -9,7 +9,8 @@ that variable (an app built in-process, e.g. in tests) metrics are per process.
 
 Labels stay bounded: `endpoint` is the route template (`/v2/models/<model>/infer`,
 or `<unmatched>`), never the raw path; `model` is the configured model name,
-`<unknown>` for a URL naming another one, or "" for routes without a model.
+`<unknown>` for a URL naming another one, or "" for routes without a model; `task`
+is the served task's name (one per server); `cache` is hit, miss or none.
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 REQUESTS = Counter(
     "onnxpool_requests",
-    "HTTP requests answered, by model, route template and status code (GET /metrics excluded).",
-    ["model", "endpoint", "status"],
+    "HTTP requests answered, by model, route template, task, response cache outcome (hit: replayed, "
+    "miss: computed after a look-up, none: not looked up) and status code (GET /metrics excluded).",
+    ["model", "endpoint", "task", "cache", "status"],
 )
 REQUEST_SECONDS = Histogram(
     "onnxpool_request_duration_seconds",
-    "Whole request: queue wait (when X-Request-Start is sent) plus the time in the app until it replies.",
-    ["model", "endpoint"],
+    "Whole request: queue wait (when X-Request-Start is sent) plus the time in the app until it replies; "
+    "`cache` as in onnxpool_requests_total.",
+    ["model", "endpoint", "cache"],
     buckets=LATENCY_BUCKETS,
 )
 PHASE_SECONDS = Histogram(
@@ -132,10 +135,12 @@ def cache_bytes(backend: str, used: int) -> None:
     CACHE_BYTES.labels(backend).set(used)
 
 
-def observe_request(model: str, endpoint: str, status: int, total: float, phases: Mapping[str, float]) -> None:
+def observe_request(
+    model: str, endpoint: str, task: str, cache: str, status: int, total: float, phases: Mapping[str, float]
+) -> None:
     """Count one answered request and record its total and per-phase seconds."""
-    _child(REQUESTS, (model, endpoint, str(status))).inc()
-    _child(REQUEST_SECONDS, (model, endpoint)).observe(total)
+    _child(REQUESTS, (model, endpoint, task, cache, str(status))).inc()
+    _child(REQUEST_SECONDS, (model, endpoint, cache)).observe(total)
     for name, seconds in phases.items():
         _child(PHASE_SECONDS, (model, endpoint, name)).observe(seconds)
 

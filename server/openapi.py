@@ -16,6 +16,9 @@ from onnxpool.config.settings import Settings
 from onnxpool.server.auth import AUTH_KEY
 from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import V2_TO_NUMPY
+from onnxpool.tasks.api import Task
+
+AnyTask = Task[Any, Any]
 
 blueprint = Blueprint("openapi", __name__)
 
@@ -172,27 +175,6 @@ def _schemas() -> dict[str, Schema]:
                 "outputs": {"type": "array", "items": _ref("ResponseOutput")},
             },
         },
-        "Prediction": {
-            "type": "object",
-            "required": ["label", "index", "score"],
-            "properties": {
-                "label": {"type": "string"},
-                "index": {"type": "integer", "minimum": 0},
-                "score": {"type": "number"},
-            },
-        },
-        "ClassifyResponse": {
-            "type": "object",
-            "required": ["model", "predictions"],
-            "properties": {
-                "model": {"type": "string"},
-                "predictions": {
-                    "type": "array",
-                    "description": "One list per image, best first.",
-                    "items": {"type": "array", "items": _ref("Prediction")},
-                },
-            },
-        },
     }
 
 
@@ -256,7 +238,7 @@ def _model_params(settings: Settings, version: bool) -> list[Schema]:
     return params
 
 
-def _paths(settings: Settings, auth: bool) -> dict[str, Schema]:
+def _paths(settings: Settings, task: AnyTask, auth: bool) -> dict[str, Schema]:
     open_security: dict[str, Any] = {"security": []} if auth else {}
     paths: dict[str, Schema] = {
         "/v2": {
@@ -316,9 +298,43 @@ def _paths(settings: Settings, auth: bool) -> dict[str, Schema]:
             }
         }
         paths[base + "/infer"] = {"post": _infer_operation(params, suffix, auth)}
-    classify_params = _model_params(settings, False)
-    paths["/v2/models/{model}/classify"] = {"post": _classify_operation(classify_params, "classify", auth)}
-    paths["/predict"] = {"post": _classify_operation([], "predict", auth)}
+    for rule in task.routes:
+        path, params = _openapi_path(rule, settings)
+        paths[path] = {"post": _task_operation(task, rule, params, auth)}
+    paths["/v1/models"] = {
+        "get": {
+            "operationId": "v1ListModels",
+            "summary": "KServe v1: the models this server serves",
+            "responses": {
+                "200": {
+                    "description": "Model names",
+                    "content": _json(
+                        {
+                            "type": "object",
+                            "required": ["models"],
+                            "properties": {"models": {"type": "array", "items": {"type": "string"}}},
+                        }
+                    ),
+                }
+            }
+            | _errors("503", auth=auth),
+        }
+    }
+    paths["/v1/models/{model}"] = {
+        "get": {
+            "operationId": "v1ModelStatus",
+            "summary": "KServe v1: whether the model can serve",
+            "parameters": _model_params(settings, False),
+            "responses": {
+                "200": {"description": "Ready", "content": _json(_ref("ModelReady"))},
+                "503": {
+                    "description": "Not loaded yet (ModelReady), or shed (Error)",
+                    "content": _json({"anyOf": [_ref("ModelReady"), _ref("Error")]}),
+                },
+            }
+            | _errors("404", auth=auth),
+        }
+    }
     metrics_security = {} if settings.auth.protect_metrics else open_security
     paths["/metrics"] = {
         "get": {
@@ -391,48 +407,35 @@ def _infer_operation(params: list[Schema], suffix: str, auth: bool) -> Schema:
     }
 
 
-def _classify_operation(params: list[Schema], operation: str, auth: bool) -> Schema:
-    image = {"type": "string", "format": "binary"}
-    top_k: Schema = {
-        "name": "top_k",
-        "in": "query",
-        "required": False,
-        "description": "Labels per image (default: [model] top_k).",
-        "schema": {"type": "integer", "minimum": 1},
-    }
+def _openapi_path(rule: str, settings: Settings) -> tuple[str, list[Schema]]:
+    """A werkzeug rule as an OpenAPI path, and its path parameters (only `<model>` is allowed)."""
+    if "<model>" not in rule:
+        return rule, []
+    return rule.replace("<model>", "{model}"), _model_params(settings, False)
+
+
+def _operation_id(rule: str) -> str:
+    words = [w for w in rule.replace("<model>", "").replace(":", "/").split("/") if w and w not in ("v1", "v2")]
+    return "task" + "".join(w[:1].upper() + w[1:] for w in words if w != "models")
+
+
+def _task_operation(task: AnyTask, rule: str, params: list[Schema], auth: bool) -> Schema:
+    """The task's fragment for `rule`, inside what every task route has (model, deadlines, cache, errors)."""
+    fragment = task.openapi(rule)
+    responses: dict[str, Schema] = dict(fragment.get("responses", {}))
+    ok = dict(responses.get("200", {"description": "The task's reply"}))
+    ok["headers"] = {**ok.get("headers", {}), **X_CACHE}
+    responses["200"] = ok
     return {
-        "operationId": operation,
-        "summary": "Classify uploaded images: the top-k labels per image",
-        "parameters": [*params, top_k, *_deadline_headers(), _cache_control_header()],
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["image"],
-                        "properties": {
-                            "image": {"type": "array", "items": image},
-                            "top_k": {"type": "integer", "minimum": 1, "description": "Same as the query parameter."},
-                        },
-                    }
-                },
-                "image/*": {"schema": image},
-            },
-        },
-        "responses": {
-            "200": {
-                "description": "Top-k labels per image",
-                "headers": X_CACHE,
-                "content": _json(_ref("ClassifyResponse")),
-            }
-        }
-        | _errors("400", "404", "413", "415", "422", "503", auth=auth),
+        "operationId": _operation_id(rule),
+        **{k: v for k, v in fragment.items() if k not in ("responses", "parameters")},
+        "parameters": [*params, *fragment.get("parameters", []), *_deadline_headers(), _cache_control_header()],
+        "responses": responses | _errors("400", "404", "413", "415", "422", "503", auth=auth),
     }
 
 
-def openapi_document(settings: Settings, auth: bool = False) -> dict[str, Any]:
-    """The OpenAPI 3.0 description of this server's API for its configured model."""
+def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.0 description of this server's API for its configured model and task."""
     document: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {
@@ -441,7 +444,7 @@ def openapi_document(settings: Settings, auth: bool = False) -> dict[str, Any]:
             "description": "Serves one ONNX model on CPUs: Open Inference Protocol v2 REST, an image "
             'endpoint, Prometheus metrics. Errors are JSON {"error": message}.',
         },
-        "paths": _paths(settings, auth),
+        "paths": _paths(settings, task, auth),
         "components": {"schemas": _schemas()},
     }
     if auth:
@@ -453,4 +456,5 @@ def openapi_document(settings: Settings, auth: bool = False) -> dict[str, Any]:
 @blueprint.get("/openapi.json")
 def openapi_json() -> Response:
     auth_on = AUTH_KEY in current_app.extensions
-    return json_response(openapi_document(context().settings, auth=auth_on))
+    ctx = context()
+    return json_response(openapi_document(ctx.settings, ctx.task, auth=auth_on))

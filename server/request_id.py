@@ -44,7 +44,7 @@ def set_current(value: str | None) -> None:
 class RequestIdLogFilter(logging.Filter):
     """Adds `request_id` to records logged while a request is being served.
 
-    Installed on the log handler by `workers.logs.logconfig_dict`, so app lines,
+    Installed on the log handler by `onnxpool.logs.logconfig_dict`, so app lines,
     gunicorn's error lines and its access line (written before the request ends)
     all carry the id of their request.
     """

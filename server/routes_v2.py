@@ -7,13 +7,12 @@ from typing import Any
 from flask import Blueprint, Response, request
 
 from onnxpool import __version__
-from onnxpool.cache.store import BytesLike, v2_request_payload
-from onnxpool.server import admission, jsonfast
-from onnxpool.server.caching import insert_v2_id
+from onnxpool.cache.key import BytesLike, v2_request_payload
+from onnxpool.server import admission
 from onnxpool.server.context import context, json_response, read_body
 from onnxpool.server.datatypes import v2_datatype
-from onnxpool.server.errors import BadRequest, NotFound, Unavailable
-from onnxpool.server.timing import phase
+from onnxpool.server.reply_cache import insert_v2_id
+from onnxpool.server.request_state import RequestState, phase
 from onnxpool.server.v2codec import (
     BINARY_HEADER,
     RequestLimits,
@@ -21,6 +20,8 @@ from onnxpool.server.v2codec import (
     encode_infer_response,
     parse_header_length,
 )
+from onnxpool.tasks import jsonfast
+from onnxpool.tasks.errors import BadRequest, NotFound, Unavailable
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 blueprint = Blueprint("v2", __name__)
@@ -127,7 +128,8 @@ def infer(model: str, version: str | None = None) -> Response:
     # The reply is computed and stored without the id; the caller's id goes in fresh (hit or miss).
     request_id = header.get("id")
     payload: list[BytesLike] = [v2_request_payload(header), memoryview(body)[header_length:]]
-    response = ctx.cache.serve("v2-infer", {}, payload, lambda: compute(False), replay=(BINARY_HEADER,))
+    state = RequestState.of(request.environ)
+    response = ctx.cache.serve(state, "v2-infer", lambda: payload, lambda: compute(False), replay=(BINARY_HEADER,))
     if isinstance(request_id, str) and response.status_code == 200:
         insert_v2_id(response, request_id, BINARY_HEADER)
     return response

@@ -2,17 +2,12 @@
 
 One `RequestTimer` per request feeds both the Prometheus histograms and the
 `Server-Timing` header, so the two always agree. It is created by the WSGI
-middleware (`server.instrument`) as early as possible and kept in the WSGI
-environ, because the middleware reads it again after Flask has torn its request
-context down. It also carries the request's `X-Request-Start` stamp, parsed
+middleware (`server.instrument`) as early as possible and kept in the request's
+state (`server.request_state`), because the middleware reads it again after Flask
+has torn its request context down. It also carries the request's `X-Request-Start` stamp, parsed
 once by the middleware, for admission control to judge the wait at its own
-moment. Code inside a request marks its phases with:
-
-    with phase("decode"):
-        ...
-
-Outside a request (or with no timer) `phase` does nothing, so library code
-may use it freely.
+moment. Code inside a request marks its phases with
+`server.request_state.phase("decode")`.
 """
 
 from __future__ import annotations
@@ -21,11 +16,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flask import has_request_context, request
-
 from onnxpool.server.request_start import seconds_since
 
-ENVIRON_KEY = "onnxpool.timer"
 PHASES = ("queue", "decode", "infer", "encode")
 
 
@@ -94,22 +86,3 @@ class RequestTimer:
         parts = [f"{name};dur={secs * 1000:.2f}" for name, secs in self.breakdown().items()]
         parts.append(f"total;dur={total * 1000:.2f}")
         return ", ".join(parts)
-
-
-def current() -> RequestTimer | None:
-    """The timer of the request being served, if any."""
-    if not has_request_context():
-        return None
-    timer: RequestTimer | None = request.environ.get(ENVIRON_KEY)
-    return timer
-
-
-@contextmanager
-def phase(name: str) -> Iterator[None]:
-    """Time the block as phase `name` of the current request (no-op outside one)."""
-    timer = current()
-    if timer is None:
-        yield
-        return
-    with timer.phase(name):
-        yield

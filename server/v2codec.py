@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxpool.server import jsonfast
 from onnxpool.server.datatypes import ALLOWED_DATATYPES, V2_TO_NUMPY, v2_datatype
-from onnxpool.server.errors import BadRequest, PayloadTooLarge
+from onnxpool.tasks import jsonfast
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 BINARY_HEADER = "Inference-Header-Content-Length"

@@ -86,9 +86,7 @@ def cases() -> Iterator[Case]:
     yield Case("text body", "/predict", {}, body=b"hello", content_type="text/plain")
     yield Case("no content type", "/predict", {}, body=b"hello")
     yield Case("truncated jpeg", "/predict", {}, body=images["cat.jpg"][:3000], content_type="image/jpeg")
-    yield Case(
-        "wrong field", "/predict", {}, files=[("photo", ("cat.jpg", images["cat.jpg"], "image/jpeg"))]
-    )
+    yield Case("wrong field", "/predict", {}, files=[("photo", ("cat.jpg", images["cat.jpg"], "image/jpeg"))])
     yield Case("unknown model", "/v2/models/nope/classify", {}, body=images["cat.jpg"], content_type="image/jpeg")
     yield Case("too many images", "/predict", {}, files=batch[:1] * 17)
 

@@ -18,7 +18,7 @@ import requests
 from flask import Response
 
 from onnxpool.measure.repeats import jpeg_variant
-from onnxpool.server.caching import insert_v2_id
+from onnxpool.server.reply_cache import insert_v2_id
 from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_response
 from tests.harness import DATA, MODEL_NAME, Server, running_server
 from tests.redis_harness import RedisServer

@@ -20,8 +20,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from onnxpool.server.datatypes import V2_TO_NUMPY
-from onnxpool.server.errors import OnnxpoolError
-from onnxpool.server.jsonfast import check_depth
 from onnxpool.server.v2codec import (
     RequestLimits,
     decode_infer_request,
@@ -29,6 +27,8 @@ from onnxpool.server.v2codec import (
     encode_infer_request,
     encode_infer_response,
 )
+from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.jsonfast import check_depth
 from onnxpool.workers.model_info import ONNX_TO_NUMPY, ModelInfo, TensorSpec
 
 NUMPY_TO_ONNX = {dtype: onnx for onnx, dtype in ONNX_TO_NUMPY.items()}

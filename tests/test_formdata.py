@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from onnxpool.server.errors import BadRequest, PayloadTooLarge
-from onnxpool.server.formdata import MAX_FIELD_BYTES, parse_form
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
+from onnxpool.tasks.image.formdata import MAX_FIELD_BYTES, parse_form
 
 BOUNDARY = "xYzZY-boundary"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"

@@ -20,8 +20,8 @@ import pytest
 from PIL import Image, ImageOps
 
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
-from onnxpool.server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
-from onnxpool.server.imaging import ImagePipeline, orient, resized_size, sniff_format
+from onnxpool.tasks.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from onnxpool.tasks.image.imaging import ImagePipeline, orient, resized_size, sniff_format
 from tests.harness import DATA
 
 CAT = (DATA / "chelsea-cat.jpg").read_bytes()  # 451x300

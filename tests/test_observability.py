@@ -17,7 +17,7 @@ from onnxpool.config.loader import load_settings
 from onnxpool.config.settings import LoggingSettings
 from onnxpool.logs import GunicornLogger, JsonFormatter, TextFormatter, logconfig_dict
 from onnxpool.measure.payloads import InputSpec, v2_binary_request
-from onnxpool.server import request_id, timing
+from onnxpool.server import request_id, request_state, timing
 from onnxpool.server.app import create_app
 from onnxpool.server.request_id import RequestIdLogFilter
 from onnxpool.server.request_start import parse_request_start, seconds_since
@@ -85,9 +85,9 @@ def test_timer_keeps_the_stamp_for_later_checks() -> None:
 
 
 def test_phase_outside_a_request_is_a_no_op() -> None:
-    with timing.phase("decode"):
+    with request_state.phase("decode"):
         pass
-    assert timing.current() is None
+    assert request_state.current_timer() is None
 
 
 # --- request ids ----------------------------------------------------------------------------------

@@ -17,13 +17,20 @@ import pytest
 import requests
 from openapi_spec_validator import validate
 
-from onnxpool.config.loader import load_settings
+from onnxpool.config.loader import LoadedSettings, load_settings
+from onnxpool.config.settings import Settings
 from onnxpool.server.app import create_app
 from onnxpool.server.openapi import openapi_document
+from onnxpool.tasks.registry import AnyTask, build_task
 from onnxpool.workers.session import SessionRuntime
 from tests.harness import Server
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
+
+
+def _settings_and_task() -> tuple[Settings, AnyTask]:
+    loaded = load_settings(environ={})
+    return loaded.settings, build_task(loaded)
 
 
 def _flask_path(rule: str) -> str:
@@ -32,7 +39,7 @@ def _flask_path(rule: str) -> str:
 
 @pytest.mark.parametrize("auth", [False, True])
 def test_document_is_valid_openapi(auth: bool) -> None:
-    document = openapi_document(load_settings(environ={}).settings, auth=auth)
+    document = openapi_document(*_settings_and_task(), auth=auth)
     validate(document)  # raises on any violation of the OpenAPI 3.0 schema
     assert ("securitySchemes" in document["components"]) is auth
 
@@ -41,15 +48,17 @@ def test_document_describes_every_route() -> None:
     settings = load_settings(environ={}).settings
     app = create_app(settings, SessionRuntime())
     routes = {_flask_path(r.rule) for r in app.url_map.iter_rules() if r.endpoint != "static"}
-    described = set(openapi_document(settings)["paths"])
+    described = set(openapi_document(settings, build_task(LoadedSettings(settings)))["paths"])
     assert routes <= described, routes - described
     assert {"/predict", "/v2/models/{model}/classify", "/metrics", "/openapi.json"} <= described
-    model = openapi_document(settings)["paths"]["/v2/models/{model}"]["get"]["parameters"][0]
+    model = openapi_document(settings, build_task(LoadedSettings(settings)))["paths"]["/v2/models/{model}"]["get"][
+        "parameters"
+    ][0]
     assert model["schema"]["enum"] == [settings.model.name]
 
 
 def test_cached_routes_document_the_cache_headers() -> None:
-    paths = openapi_document(load_settings(environ={}).settings)["paths"]
+    paths = openapi_document(*_settings_and_task())["paths"]
     for path in ("/predict", "/v2/models/{model}/classify", "/v2/models/{model}/infer"):
         operation = paths[path]["post"]
         assert "Cache-Control" in {p["name"] for p in operation["parameters"]}, path

@@ -18,23 +18,13 @@ from typing import Any
 
 import pytest
 
-from onnxpool.cache.store import (
-    CacheControl,
-    CachedReply,
-    CacheKey,
-    CacheSettings,
-    CorruptEntry,
-    LocalStore,
-    RedisStore,
-    ResponseCache,
-    cache_key,
-    decode_reply,
-    encode_reply,
-    open_cache,
-    parse_cache_control,
-    prepare,
-    v2_request_payload,
-)
+from onnxpool.cache.codec import CachedReply, CorruptEntry, decode_reply, encode_reply
+from onnxpool.cache.control import CacheControl, parse_cache_control
+from onnxpool.cache.key import CacheKey, cache_key, v2_request_payload
+from onnxpool.cache.lmdb_store import LocalStore
+from onnxpool.cache.policy import ResponseCache, open_cache, prepare
+from onnxpool.cache.redis_store import RedisStore
+from onnxpool.config.settings import CacheSettings
 from tests.redis_harness import RedisServer
 
 FORK = mp.get_context("fork")
@@ -189,8 +179,14 @@ def test_settings_validation() -> None:
 # --------------------------------------------------------------------------- local store
 
 
+def store_settings(**kw: Any) -> CacheSettings:
+    """`[cache]` settings for the store's own tests, which bound it in KB to see eviction
+    (a configured cache is at least 1 MiB: that bound is the settings' check, tested above)."""
+    return CacheSettings.model_construct(**{**CacheSettings().model_dump(), **kw})
+
+
 def local_cache(folder: Path, **kw: Any) -> ResponseCache:
-    settings = CacheSettings(**kw)
+    settings = store_settings(**kw)
     prepare(settings, folder)
     cache = open_cache(settings, folder)
     assert cache is not None
@@ -379,7 +375,7 @@ def _payload(i: int, gen: int) -> bytes:
 
 
 def _writer(folder: str, seconds: float, n_keys: int) -> None:
-    cache = open_cache(CacheSettings(max_bytes=60_000), folder)
+    cache = open_cache(store_settings(max_bytes=60_000), folder)
     assert cache is not None
     end, gen = time.monotonic() + seconds, os.getpid() * 1_000_000
     while time.monotonic() < end:
@@ -420,7 +416,7 @@ def test_concurrent_writers_never_tear_a_value(tmp_path: Path) -> None:
         p.join(30)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     assert hits > 100 and torn == 0 and errors == 0
-    opened = open_cache(CacheSettings(max_bytes=60_000), tmp_path)
+    opened = open_cache(store_settings(max_bytes=60_000), tmp_path)
     assert opened is not None and isinstance(opened.store, LocalStore)
     store = opened.store
     total, count = store.audit()

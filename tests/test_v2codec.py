@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from onnxpool.server.datatypes import NUMPY_TO_V2, V2_TO_NUMPY
-from onnxpool.server.errors import BadRequest, OnnxpoolError, PayloadTooLarge
 from onnxpool.server.v2codec import (
     BINARY_HEADER,
     RequestLimits,
@@ -19,6 +18,7 @@ from onnxpool.server.v2codec import (
     encode_infer_response,
     parse_header_length,
 )
+from onnxpool.tasks.errors import BadRequest, OnnxpoolError, PayloadTooLarge
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 LIMITS = RequestLimits(max_batch=8, max_elements=10_000)

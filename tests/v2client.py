@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import requests
 
-from onnxpool.server.errors import OnnxpoolError
 from onnxpool.server.v2codec import BINARY_HEADER, decode_infer_response, encode_infer_request, parse_header_length
+from onnxpool.tasks.errors import OnnxpoolError
 
 
 @dataclass(frozen=True)

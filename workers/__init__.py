@@ -1,1 +1,1 @@
-"""Per-process runtime: core partition, slots, the session, gunicorn hook bodies."""
+"""Processes: usable cores and slots, the run folder, the pool and its generations, preflight, the session."""

@@ -3,7 +3,7 @@
 Process rule: a session (and its thread pool) must be created in the process
 that uses it, AFTER gunicorn forks; an onnxruntime thread pool does not survive
 fork. The master therefore never calls `build_session`; it validates the model
-in a throw-away subprocess (`workers.model_probe`).
+in a throw-away subprocess (`workers.preflight`).
 """
 
 from __future__ import annotations

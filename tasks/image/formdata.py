@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from multipart import MultipartError, ParserLimitReached, PushMultipartParser, parse_options_header
 
-from onnxpool.server.errors import BadRequest, PayloadTooLarge
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 
 # Text fields are parameters, not data: anything longer is a client error.
 MAX_FIELD_BYTES = 4096

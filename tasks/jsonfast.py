@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from onnxpool.server.errors import BadRequest
+from onnxpool.tasks.errors import BadRequest
 
 _DUMP_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -39,7 +39,7 @@ import numpy.typing as npt
 from PIL import ExifTags, Image
 
 from onnxpool.config.settings import LimitsSettings, PreprocessSettings
-from onnxpool.server.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from onnxpool.tasks.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
 
 # Pillow plugin names tried by Image.open; JPEG's factory also yields MPO.
 PILLOW_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from onnxpool.config.loader import ConfigError
-from onnxpool.server.errors import BadRequest
+from onnxpool.tasks.errors import BadRequest
 
 ScoreMode = Literal["softmax", "sigmoid", "none"]
 Scores = np.ndarray[Any, np.dtype[np.float32]]

@@ -1,7 +1,7 @@
-"""The hit path (server.hit_path) in process: which requests it answers without Flask, and that its
-replies are the ones Flask would send. Real app, real LMDB store; only the model is a stub (fixed
-logits), since what is tested is the HTTP layer's routing of hits. Gates on live servers:
-test_security.py (API key) and test_admission.py (shedding)."""
+"""The task routes' front door (server.front) in process: which requests it answers without Flask,
+that its replies are the ones Flask would send, and that the gates run once per request. Real app,
+real LMDB store; only the model is a stub (fixed logits), since what is tested is the HTTP layer's
+routing of hits. Gates on live servers: test_security.py (API key) and test_admission.py (shedding)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 from flask import Flask
 
-from onnxpool.cache import store as rc
+from onnxpool.cache.policy import prepare
 from onnxpool.config.loader import load_settings
-from onnxpool.server import hit_path, instrument
+from onnxpool.server import front, gates
 from onnxpool.server.app import CachePlan, create_app, open_in_worker
-from onnxpool.server.caching import store_settings
+from onnxpool.server.request_state import RequestState
+from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 from tests.harness import DATA
 
@@ -49,7 +50,7 @@ class Reply:
         self.status = int(status[:3])
         self.headers = headers
         self.body = body
-        self.labels = environ.get(instrument.LABELS_KEY)
+        self.labels = RequestState.of(environ).labels
 
     def header(self, name: str) -> str | None:
         return next((value for key, value in self.headers if key == name), None)
@@ -59,9 +60,9 @@ class Reply:
 def app(tmp_path: Path) -> Iterator[tuple[Flask, list[str]]]:
     """The app as a worker runs it (cache opened after 'fork'), and the paths Flask dispatched."""
     settings = load_settings(environ={"ONNXPOOL_METRICS__ENABLED": "false"}).settings
-    rc.prepare(store_settings(settings.cache), tmp_path)
+    prepare(settings.cache, tmp_path)
     flask_app = create_app(settings, StubBackend(), CachePlan(model_digest="sha256:test", folder=tmp_path))
-    open_in_worker(flask_app)
+    open_in_worker(flask_app, 1)
     dispatched: list[str] = []
     flask_app.before_request(lambda: dispatched.append("flask"))
     yield flask_app, dispatched
@@ -122,8 +123,8 @@ def test_hits_skip_flask_and_match_the_computed_reply(app: tuple[Flask, list[str
         h for h in computed.headers if h[0] not in PER_REQUEST
     ]
     assert [name for name, _ in hit.headers] == [name for name, _ in computed.headers]
-    # metric labels as Flask gives them: /predict names no model, so the model label says whether it ran
-    assert (hit.labels, computed.labels) == (("", "/predict"), (MODEL, "/predict"))
+    # metric labels as Flask gives them: a task route serves the model, replayed or computed
+    assert (hit.labels, computed.labels) == ((MODEL, "/predict"), (MODEL, "/predict"))
     timing = [value for name, value in hit.headers if name == "Server-Timing"]
     assert timing[0].startswith("cache;dur=") and timing[0].endswith(";desc=hit")
     assert "decode;dur=" in timing[1] and "total;dur=" in timing[1]
@@ -179,7 +180,7 @@ def test_a_body_without_length_is_left_to_flask_which_serves_the_hit(app: tuple[
     assert chunked.body == computed.body
 
 
-def test_a_bug_in_the_hit_path_is_logged_and_the_request_still_served(
+def test_a_bug_in_the_front_door_is_logged_and_the_request_still_served(
     app: tuple[Flask, list[str]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     flask_app, dispatched = app
@@ -189,8 +190,46 @@ def test_a_bug_in_the_hit_path_is_logged_and_the_request_still_served(
     def broken(*_: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(hit_path, "read_image_request", broken)  # the hit path's binding only
+    monkeypatch.setattr(front, "read_inputs", broken)  # the front door's binding only
     with caplog.at_level(logging.ERROR, logger="onnxpool.cache"):
         reply = call(flask_app, "/predict", body, ctype)
     assert (reply.status, reply.header("X-Cache"), reply.body, len(dispatched)) == (200, "HIT", computed.body, 2)
-    assert "hit path failed on /predict" in caplog.text and "RuntimeError: a bug" in caplog.text
+    assert "front door failed on /predict" in caplog.text and "RuntimeError: a bug" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "x_cache"),
+    [
+        ({}, "", "MISS"),  # looked up before Flask, computed by the route: judged once
+        ({}, "", "HIT"),  # answered before Flask
+        ({"CACHE_CONTROL": "no-store"}, "", "MISS"),  # not stored, not read
+        ({}, "?top_k=0", None),  # refused by the task's reader after the gates
+    ],
+)
+def test_the_gates_run_once_per_request(
+    app: tuple[Flask, list[str]], headers: dict[str, str], query: str, x_cache: str | None
+) -> None:
+    flask_app, _ = app
+    body, ctype = multipart(CAT)
+    if x_cache == "HIT":
+        call(flask_app, "/predict", body, ctype)
+    runs: list[str] = []
+    gates.of(flask_app).append(lambda req: runs.append(req.path))  # type: ignore[attr-defined]
+    reply = call(flask_app, "/predict" + query, body, ctype, **headers)
+    assert reply.header("X-Cache") == x_cache
+    assert runs == ["/predict"]
+
+
+def test_a_gate_refusal_before_flask_is_rendered_once_by_flask(app: tuple[Flask, list[str]]) -> None:
+    flask_app, dispatched = app
+    runs: list[str] = []
+
+    def refuse(req: object) -> None:
+        runs.append("refused")
+        raise OnnxpoolError("go away", headers={"Retry-After": "1"})
+
+    gates.of(flask_app).append(refuse)  # type: ignore[attr-defined]
+    body, ctype = multipart(CAT)
+    reply = call(flask_app, "/predict", body, ctype)
+    assert (reply.status, reply.body, reply.header("Retry-After")) == (400, b'{"error":"go away"}', "1")
+    assert runs == ["refused"] and len(dispatched) == 0  # Flask raised the kept refusal, ran no hook after it

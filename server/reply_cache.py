@@ -1,9 +1,12 @@
 """The response cache in the HTTP layer: the key of a request, hit or compute, the reply headers.
 
-`onnxpool.cache.store` is the storage (self-contained, no onnxpool imports);
-this module decides what a request's key is and wraps a route's computation:
+`onnxpool.cache` is the storage and its policy (key, codec, Cache-Control, LMDB, Redis;
+nothing of HTTP servers); this module binds it to requests and replies:
 
-    return context().cache.serve("classify", {"top_k": k}, images, compute)
+    return context().cache.serve(state, task.name, lambda: task.canonical(inputs), compute)
+
+It knows no route and no task: a caller names its namespace (the task, or `v2-infer`) and
+hands over the canonical bytes of the request.
 
 Process rules (docs/RESPONSE_CACHE.md): the master builds a `ReplyCache` with
 the app of each generation (the model file's digest and the settings'
@@ -14,9 +17,9 @@ cross fork() (two processes would share one file lock state / one socket), so
 the master never opens one. Until then, and when `[cache] enabled = false`,
 `serve` just computes.
 
-A request is looked up once (`look_up`, kept in the WSGI environ): the image
-endpoints' hits are answered before Flask by `server.hit_path`, and on a miss
-the route's `serve` finds the lookup already made.
+A request is looked up once (`look_up`, kept in the request's state): task routes' hits
+are answered before Flask by `server.front`, and on a miss the route's `serve` finds the
+look-up already made.
 
 Replies carry `X-Cache: HIT|MISS` and `Server-Timing: cache;dur=<lookup ms>;desc=hit|miss`
 (a second Server-Timing field next to the middleware's; HTTP joins them). A hit
@@ -30,63 +33,42 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from flask import Response, request
+from flask import Response
 
 from onnxpool import __version__
-from onnxpool.cache import store as rc
+from onnxpool.cache.codec import CachedReply
+from onnxpool.cache.control import parse_cache_control
+from onnxpool.cache.key import BytesLike, CacheKey, ParamValue, cache_key
+from onnxpool.cache.policy import Lookup, ResponseCache, open_cache
 from onnxpool.config.settings import CacheSettings, Settings
-from onnxpool.server import jsonfast
-
-if TYPE_CHECKING:
-    from _typeshed.wsgi import WSGIEnvironment
+from onnxpool.server.request_state import HIT, MISS, RequestState
+from onnxpool.tasks import jsonfast
 
 log = logging.getLogger("onnxpool.cache")
 
 HEADER = "X-Cache"
-LOOKUP_KEY = "onnxpool.cache_lookup"
-Payload = rc.BytesLike | Sequence[rc.BytesLike]
+Payload = BytesLike | Sequence[BytesLike]
 
 
-def store_settings(section: CacheSettings) -> rc.CacheSettings:
-    """The `[cache]` section as the storage module's settings."""
-    # Same field names; the storage module's other fields (key prefix, busy timeout) keep their defaults.
-    return rc.CacheSettings(**section.model_dump())
-
-
-def settings_fingerprint(settings: Settings, labels: Sequence[str] | None) -> str:
+def settings_fingerprint(settings: Settings, task_fingerprint: str) -> str:
     """A digest of everything besides the model file and the request that shapes a reply.
 
     The model section without its path (the file's digest stands for it) and warm-up count,
-    the limits (a hit must not answer what a lower limit would now refuse), the labels'
-    text and the onnxpool version (a release may change the reply format).
+    the limits (a hit must not answer what a lower limit would now refuse), the `[task]`
+    table, what the task read at start (`Task.fingerprint`: its labels' text...) and the
+    onnxpool version (a release may change the reply format).
     """
     document = {
         "onnxpool": __version__,
         "model": settings.model.model_dump(mode="json", exclude={"path", "labels", "warmup_runs"}),
         "limits": settings.limits.model_dump(mode="json"),
-        "labels": list(labels) if labels is not None else None,
+        "task": settings.task,
+        "task_files": task_fingerprint,
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """One request's look into the cache: what it asked, its key, the stored reply if any."""
-
-    endpoint: str
-    params: dict[str, rc.ParamValue]
-    control: rc.CacheControl
-    key: rc.CacheKey | None
-    """None for no-store: nothing hashed, nothing looked up or stored."""
-    reply: rc.CachedReply | None
-    """The hit's reply; None on a miss."""
-    seconds: float
-    """Time to hash the key and look it up (Server-Timing `cache;dur`)."""
 
 
 class ReplyCache:
@@ -102,13 +84,13 @@ class ReplyCache:
         record_metrics: bool,
         server_timing: bool,
     ) -> None:
-        self.settings = store_settings(section)
+        self.settings = section
         self.folder = folder
         self.model_digest = model_digest
         self.fingerprint = fingerprint
         self.record_metrics = record_metrics
         self.server_timing = server_timing
-        self.cache: rc.ResponseCache | None = None
+        self.cache: ResponseCache | None = None
 
     @property
     def wanted(self) -> bool:
@@ -130,7 +112,7 @@ class ReplyCache:
 
         hook = metrics.observe_cache_event if self.record_metrics else None
         try:
-            cache = rc.open_cache(self.settings, self.folder or Path(), on_event=hook)
+            cache = open_cache(self.settings, self.folder or Path(), on_event=hook)
         except Exception as exc:
             log.error("response cache (%s) not opened, serving without it: %s", self.settings.backend_name, exc)
             return
@@ -145,52 +127,54 @@ class ReplyCache:
             metrics.cache_bytes(self.cache.backend, used)
 
     def look_up(
-        self, environ: WSGIEnvironment, endpoint: str, params: Mapping[str, rc.ParamValue], payload: Payload
+        self, state: RequestState, namespace: str, payload: Callable[[], Payload], params: Mapping[str, ParamValue]
     ) -> Lookup | None:
         """The request's key and stored reply (None when the cache is not open in this process).
 
-        Kept in the WSGI environ: the hit path (server.hit_path) looks up before Flask
-        and on a miss the route asks again; the key is hashed and the miss counted once.
+        Kept in the request's state: `server.front` looks up before Flask and on a miss the
+        route asks again; the key is hashed and the miss counted once. `payload` is called
+        only when a key is needed (not for no-store, not with the cache closed).
         """
         cache = self.cache
         if cache is None:
             return None
-        kept: Lookup | None = environ.get(LOOKUP_KEY)
-        if kept is not None and kept.endpoint == endpoint and kept.params == params:
+        kept: Lookup | None = state.lookup
+        if kept is not None and kept.endpoint == namespace and kept.params == params:
             return kept
         start = time.perf_counter()
-        # Straight from the WSGI environ: the server has already joined repeated header lines
-        # with commas (RFC 9110 5.3), and `request.headers.getlist` walks the whole environ.
-        control = rc.parse_cache_control(environ.get("HTTP_CACHE_CONTROL"), environ.get("HTTP_PRAGMA"))
-        key: rc.CacheKey | None = None
-        reply: rc.CachedReply | None = None
+        control = parse_cache_control(state.cache_control, state.pragma)
+        key: CacheKey | None = None
+        reply: CachedReply | None = None
         if control.read or control.write:  # not no-store: hash the key (no-cache still stores)
-            key = rc.cache_key(
+            key = cache_key(
                 model_digest=self.model_digest,
                 settings_fingerprint=self.fingerprint,
-                endpoint=endpoint,
+                endpoint=namespace,
                 params=params,
-                payload=payload,
+                payload=payload(),
             )
             reply = cache.lookup(key, control)
-        looked = Lookup(endpoint, dict(params), control, key, reply, time.perf_counter() - start)
-        environ[LOOKUP_KEY] = looked
+        looked = Lookup(namespace, dict(params), control, key, reply, time.perf_counter() - start)
+        state.lookup = looked
+        state.cache = HIT if reply is not None else MISS
         return looked
 
     def serve(
         self,
-        endpoint: str,
-        params: Mapping[str, rc.ParamValue],
-        payload: Payload,
+        state: RequestState,
+        namespace: str,
+        payload: Callable[[], Payload],
         compute: Callable[[], Response],
+        params: Mapping[str, ParamValue] | None = None,
         replay: Sequence[str] = (),
     ) -> Response:
         """The stored reply for this request, or `compute()`'s reply (stored when it is a 200).
 
-        `params` are the endpoint's effective parameters (defaults applied); `replay` names
-        the reply headers that are part of the result and are stored with the body.
+        `params` are parameters kept readable in the key (most callers fold them into the
+        payload); `replay` names the reply headers that are part of the result and are
+        stored with the body.
         """
-        looked = self.look_up(request.environ, endpoint, params, payload)
+        looked = self.look_up(state, namespace, payload, params or {})
         if looked is None or self.cache is None:
             return compute()
         hit = looked.reply
@@ -201,7 +185,7 @@ class ReplyCache:
         response = compute()
         if looked.key is not None and looked.control.write and response.status_code == 200:
             headers = tuple((name, response.headers[name]) for name in replay if name in response.headers)
-            reply = rc.CachedReply(response.get_data(), response.content_type or "", headers)
+            reply = CachedReply(response.get_data(), response.content_type or "", headers)
             stored = self.cache.store_reply(looked.key, response.status_code, reply, looked.control)
             if stored is not None:
                 self._publish_bytes(stored.bytes_used)

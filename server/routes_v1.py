@@ -1,0 +1,26 @@
+"""KServe's v1 protocol: the model list and status (a task may answer `/v1/models/<m>:predict`).
+
+Backends written against KServe's v1 REST API ask `GET /v1/models/<name>` whether a model
+is ready before they predict; these answer like KServe's model server does.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from onnxpool.server.context import context, json_response
+from onnxpool.server.routes_v2 import check_model
+
+blueprint = Blueprint("v1", __name__)
+
+
+@blueprint.get("/v1/models")
+def list_models() -> Response:
+    return json_response({"models": [context().settings.model.name]})
+
+
+@blueprint.get("/v1/models/<model>")
+def model_status(model: str) -> Response:
+    check_model(model)
+    is_ready = context().backend.ready
+    return json_response({"name": model, "ready": is_ready}, 200 if is_ready else 503)

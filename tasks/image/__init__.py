@@ -1,0 +1,1 @@
+"""The built-in image-classification task: preprocessing (imaging), multipart forms, top-k labels."""
