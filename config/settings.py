@@ -159,10 +159,11 @@ class PreprocessSettings(Section):
 class ModelSettings(Section):
     """`[model]`: the one model this server serves."""
 
-    task: str = "image-classification"
+    task: str = "auto"
     """What turns requests into the model's inputs and its outputs into replies: a built-in task
-    (`image-classification`, `tabular`) or your own, `package.module:Class` or `file.py:Class`
-    (docs/TASKS.md). Its settings are the `[task]` table, checked by the task."""
+    (`image-classification`, `tabular`, `tensors`) or your own, `package.module:Class` or
+    `file.py:Class` (docs/TASKS.md). `auto`: image-classification when the model's first input is
+    4-D, else tensors. Its settings are the `[task]` table, checked by the task."""
     name: str = Field(default="efficientnet-lite0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     """Name in URLs (/v2/models/{name}); letters, digits, `_ . -`."""
 
@@ -173,7 +174,7 @@ class ModelSettings(Section):
     """The .onnx file. Relative paths in the TOML file are relative to that file."""
 
     labels: Path | None = Path("../models/efficientnet-lite0/labels.txt")
-    """UTF-8 file with one class name per line, in output-index order (optional)."""
+    """UTF-8 file with one class name per line, in output-index order (optional; "" = none)."""
 
     input_name: str = ""
     """Image input for /classify ("" = the model's first input)."""
@@ -194,6 +195,11 @@ class ModelSettings(Section):
     """onnxruntime graph optimisation level."""
 
     preprocess: PreprocessSettings = PreprocessSettings()
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class LimitsSettings(Section):

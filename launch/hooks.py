@@ -160,8 +160,7 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
     settings = generation.settings
     # The task, built and checked against the model here, before any fork: its class imported,
     # its [task] table validated, its files read, its inputs and outputs matched to the model's.
-    task = build_task(generation.loaded)
-    task.check(generation.model)
+    task = build_task(generation.loaded, generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
     return create_app(settings, RUNTIME, plan, task)
 
@@ -182,6 +181,19 @@ def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
     except CacheSetupError as exc:
         raise ConfigError(f"cache: {exc}") from None
     return folder
+
+
+def _log_task(s: Serving) -> None:
+    from onnxpool.server.app import task_of  # loaded with the app already
+
+    task = task_of(s.app)
+    asked = s.settings.model.task
+    why = (
+        f" (auto: the model's first input has shape {list(s.generation.model.inputs[0].shape)})"
+        if asked == "auto"
+        else ""
+    )
+    log.info("task: %s%s; routes: %s", task.name, why, ", ".join(f"POST {rule}" for rule in task.routes))
 
 
 def serving() -> Serving:
@@ -205,6 +217,7 @@ def on_starting(server: Any) -> None:
         layout.threads,
     )
     _warn_if_oversubscribed(layout, layout.workers)
+    _log_task(s)
     log.info("run folder: %s", s.pool.run.path)
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)

@@ -82,8 +82,8 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
     # Every route's inference goes through the wrapper: infer timing + batch-size metric.
     timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
-    if task is None:
-        task = build_task(LoadedSettings(settings))
+    if task is None:  # an app built in process: checked against the model if it is loaded already
+        task = build_task(LoadedSettings(settings), backend.info)
     section = settings.cache if cache is not None else settings.cache.model_copy(update={"enabled": False})
     ctx = ServerContext(
         settings=settings,
@@ -115,6 +115,12 @@ def create_app(
     # request state, ids, Server-Timing, metrics, GET /metrics: outermost
     instrument.install(app, settings, task.name, task.routes)
     return app
+
+
+def task_of(app: Flask) -> Task[Any, Any]:
+    """The task an app runs."""
+    ctx: ServerContext = app.extensions["onnxpool"]
+    return ctx.task
 
 
 def open_in_worker(app: Flask, cores: int) -> None:

@@ -1,6 +1,7 @@
 """Find the task `[model] task` names and build it with its validated `[task]` table.
 
-`[model] task` is a built-in name (`image-classification`, `tabular`) or an import path:
+`[model] task` is `auto` (the default: see `chosen_task`), a built-in name
+(`image-classification`, `tabular`, `tensors`) or an import path:
 `package.module:ClassName` (a module on the Python path) or `path/to/file.py:ClassName`
 (a file; relative paths are relative to the settings file). The master does this once per
 generation (at start and on HUP), before any fork; an error is one line naming the setting.
@@ -19,11 +20,15 @@ from pydantic import ValidationError
 
 from onnxpool.config.loader import LoadedSettings, describe_validation_error
 from onnxpool.tasks.api import Task, TaskConfigError, TaskSettings
+from onnxpool.workers.model_info import ModelInfo
 
 BUILT_IN: dict[str, str] = {
     "image-classification": "onnxpool.tasks.image.task:ImageClassification",
     "tabular": "onnxpool.tasks.tabular.task:Tabular",
+    "tensors": "onnxpool.tasks.tensors.task:NamedTensors",
 }
+AUTO = "auto"
+"""The default: image-classification for a model whose first input is an image batch (4-D), else tensors."""
 """Built-in tasks by name: imported only when named, like a user's."""
 
 AnyTask = Task[Any, Any]
@@ -86,7 +91,21 @@ def task_options(cls: type[AnyTask], loaded: LoadedSettings) -> TaskSettings:
         raise TaskConfigError(f"task {cls.name}: {message}") from None
 
 
-def build_task(loaded: LoadedSettings) -> AnyTask:
-    """The generation's task: its class, its validated options, and whatever it reads at start (labels)."""
-    cls = task_class(loaded.settings.model.task)
-    return cls(loaded.settings, task_options(cls, loaded))
+def chosen_task(spec: str, model: ModelInfo | None) -> str:
+    """`auto` resolved for this model: an image classifier when its first input is 4-D (or the model
+    is not known yet, as in an app built in process), else plain named tensors. Others as given."""
+    if spec != AUTO:
+        return spec
+    if model is None or len(model.inputs[0].shape) == 4:
+        return "image-classification"
+    return "tensors"
+
+
+def build_task(loaded: LoadedSettings, model: ModelInfo | None = None) -> AnyTask:
+    """The generation's task: its class, its validated options, whatever it reads at start (labels),
+    and, given the model, checked against it (TaskConfigError: one line)."""
+    cls = task_class(chosen_task(loaded.settings.model.task, model))
+    task = cls(loaded.settings, task_options(cls, loaded))
+    if model is not None:
+        task.check(model)
+    return task

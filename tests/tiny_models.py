@@ -115,3 +115,15 @@ def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = Tru
         initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
     return _save(graph, path, opset=17)
+
+
+def linear_regressor(path: Path, features: int = 3) -> Path:
+    """A tabular regressor: `x` FP32 [N, features] -> `y` FP32 [N, 1] = sum of the features times 2."""
+    graph = helper.make_graph(
+        nodes=[helper.make_node("MatMul", ["x", "w"], ["y"])],
+        name="regressor",
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        initializer=[numpy_helper.from_array(np.full((features, 1), 2.0, dtype=np.float32), "w")],
+    )
+    return _save(graph, path, opset=13)

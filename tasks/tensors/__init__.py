@@ -1,0 +1,1 @@
+"""The built-in tensors task: any model, named tensors as nested JSON lists in and out."""
