@@ -1,0 +1,104 @@
+"""This checkout against another one (an older commit), side by side in one run: no regression?
+
+Usage (from the repo root; docs/BENCHMARKS.md has the numbers):
+    git worktree add /tmp/onnxpool-old <commit> && make -C /tmp/onnxpool-old install
+    .venv/bin/python -m benchmarks.ab --old /tmp/onnxpool-old [--rounds 6] [--duration 8s] [--json out.json]
+
+Four real servers stay up the whole run, each with the default layout and the demo model,
+each started by its own checkout's venv and `gunicorn.conf.py`: old and new with the
+response cache off (for throughput), old and new with it on (for the hit time). An idle
+sync worker uses no CPU, so the sides are measured in alternating rounds (old, new, new,
+old, ...), and drift falls on both alike:
+  1. /predict req/s with the cat photo at `--concurrency` connections, every request
+     computed (cache off);
+  2. a cache hit's server time: the cat photo POSTed `--hits` times, one at a time; the p50
+     of the `Server-Timing` total over the HIT replies.
+The result is each side's median and the new/old ratio of medians (1.00 = no change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.alternating import alternating_rounds, predict_rate
+from benchmarks.cache import server_times
+from benchmarks.output import emit
+from onnxpool.measure.httpbench import parse_seconds
+from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.measure.servers import Server, free_port, start_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def checkout_server(checkout: Path, log_dir: Path, name: str, settings: dict[str, str]) -> Iterator[Server]:
+    """gunicorn from `checkout`'s own venv and configuration, on a free loopback port."""
+    python = checkout / ".venv" / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"{checkout} has no .venv (run `make install` there first)")
+    port = free_port()
+    env = {"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1", **settings}
+    argv = [str(python), "-m", "gunicorn", "-c", str(checkout / "gunicorn.conf.py")]
+    server = start_command(argv, log_dir, port, "/v2/health/ready", env=env, name=name, cwd=checkout)
+    try:
+        server.wait_ready(2)  # every worker warmed up, not just the first
+        yield server
+    finally:
+        server.stop()
+
+
+def hit_p50(server: Server, image: bytes, hits: int) -> float:
+    times = server_times(server, image, hits + 1)  # the first is the miss that stores it
+    value = times["HIT"]["p50_ms"]
+    assert isinstance(value, float)
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", type=Path, required=True, help="the other checkout (with its own .venv)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--duration", type=parse_seconds, default=8.0)
+    parser.add_argument("--warmup", type=parse_seconds, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--hits", type=int, default=300)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    image = CAT_JPEG.read_bytes()
+    sides = {"old": args.old.resolve(), "new": REPO}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        logs = Path(tmp)
+        off = {
+            name: stack.enter_context(checkout_server(path, logs, f"{name}-off", {"ONNXPOOL_CACHE__ENABLED": "false"}))
+            for name, path in sides.items()
+        }
+        on = {name: stack.enter_context(checkout_server(path, logs, f"{name}-on", {})) for name, path in sides.items()}
+        print("servers up; measuring", file=sys.stderr)
+        rates = alternating_rounds(
+            {name: partial(predict_rate, server, args) for name, server in off.items()}, args.rounds, "/predict req/s"
+        )
+        hits = alternating_rounds(
+            {name: partial(hit_p50, server, image, args.hits) for name, server in on.items()}, args.rounds, "hit p50 ms"
+        )
+    result: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration, "concurrency": args.concurrency}
+    for label, values in (("predict_req_s", rates), ("hit_p50_ms", hits)):
+        medians = {name: statistics.median(v) for name, v in values.items()}
+        result[label] = {
+            "per_round": {name: [round(x, 3) for x in v] for name, v in values.items()},
+            "median": {name: round(m, 3) for name, m in medians.items()},
+            "new_over_old": round(medians["new"] / medians["old"], 3),
+        }
+    emit(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
