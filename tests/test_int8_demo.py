@@ -37,7 +37,7 @@ def test_int8_demo_is_served_like_the_float_model(tmp_path: Path) -> None:
         assert reply.json()["predictions"][0][0]["label"] in CAT_CLASSES
         metrics = requests.get(f"{server.url}/metrics", timeout=10).text
         labels = f'cache="miss",endpoint="/predict",model="{INT8}",status="200",task="image-classification"'
-    assert f"onnxpool_requests_total{{{labels}}} 1.0" in metrics
+        assert f"onnxpool_requests_total{{{labels}}} 1.0" in metrics
         assert "onnxpool_model_warmup_seconds" in metrics
 
 
