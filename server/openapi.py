@@ -217,6 +217,16 @@ X_CACHE: Schema = {
 }
 
 
+def _model_ready_responses(auth: bool) -> dict[str, Schema]:
+    return {
+        "200": {"description": "Ready", "content": _json(_ref("ModelReady"))},
+        "503": {
+            "description": "Not loaded yet (ModelReady), or shed (Error)",
+            "content": _json({"anyOf": [_ref("ModelReady"), _ref("Error")]}),
+        },
+    } | _errors("404", auth=auth)
+
+
 def _model_params(settings: Settings, version: bool) -> list[Schema]:
     params: list[Schema] = [
         {
@@ -287,14 +297,7 @@ def _paths(settings: Settings, task: AnyTask, auth: bool) -> dict[str, Schema]:
                 "operationId": "modelReady" + suffix,
                 "summary": "Whether the model can serve",
                 "parameters": params,
-                "responses": {
-                    "200": {"description": "Ready", "content": _json(_ref("ModelReady"))},
-                    "503": {
-                        "description": "Not loaded yet (ModelReady), or shed (Error)",
-                        "content": _json({"anyOf": [_ref("ModelReady"), _ref("Error")]}),
-                    },
-                }
-                | _errors("404", auth=auth),
+                "responses": _model_ready_responses(auth),
             }
         }
         paths[base + "/infer"] = {"post": _infer_operation(params, suffix, auth)}
@@ -325,14 +328,7 @@ def _paths(settings: Settings, task: AnyTask, auth: bool) -> dict[str, Schema]:
             "operationId": "v1ModelStatus",
             "summary": "KServe v1: whether the model can serve",
             "parameters": _model_params(settings, False),
-            "responses": {
-                "200": {"description": "Ready", "content": _json(_ref("ModelReady"))},
-                "503": {
-                    "description": "Not loaded yet (ModelReady), or shed (Error)",
-                    "content": _json({"anyOf": [_ref("ModelReady"), _ref("Error")]}),
-                },
-            }
-            | _errors("404", auth=auth),
+            "responses": _model_ready_responses(auth),
         }
     }
     metrics_security = {} if settings.auth.protect_metrics else open_security

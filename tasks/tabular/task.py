@@ -24,10 +24,10 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from onnxpool.config.settings import Settings
-from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Task, TaskConfigError, TaskSettings
-from onnxpool.tasks.errors import BadRequest, UnsupportedMediaType
+from onnxpool.tasks.errors import BadRequest
 from onnxpool.tasks.image.postprocess import load_labels
+from onnxpool.tasks.json_body import json_operation, read_json
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 FLOAT_KINDS = ("f",)
@@ -203,14 +203,7 @@ class Tabular(Task[Instances, TabularSettings]):
     # ---------------------------------------------------------------- a request
 
     def read(self, request: RequestParts) -> Instances:
-        # Lenient like KServe's server: any body that parses as JSON (curl -d sends a form type);
-        # only uploads are refused outright, with what to send instead.
-        if request.mimetype.startswith(("multipart/", "image/")):
-            raise UnsupportedMediaType(
-                f'Content-Type {request.mimetype} is not accepted: send application/json with {{"instances": [...]}}'
-            )
-        document = jsonfast.loads(request.body())
-        jsonfast.check_depth(document, self.settings.limits.max_json_depth)
+        document = read_json(request, self.settings.limits.max_json_depth, '{"instances": [...]}')
         if not isinstance(document, dict) or "instances" not in document:
             raise BadRequest('the body must be a JSON object with "instances": a list of rows')
         extra = sorted(set(document) - {"instances", "parameters"})
@@ -344,41 +337,22 @@ class Tabular(Task[Instances, TabularSettings]):
                 {"type": "array", "items": {"type": "number"}},
             ]
         }
-        return {
-            "summary": "Predict for rows of named features (KServe v1)",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["instances"],
-                            "properties": {
-                                "instances": {
-                                    "type": "array",
-                                    "minItems": 1,
-                                    "items": {"anyOf": [row_as_list, row_as_object]},
-                                }
-                            },
-                        }
-                    }
+        return json_operation(
+            "Predict for rows of named features (KServe v1)",
+            {
+                "type": "object",
+                "required": ["instances"],
+                "properties": {
+                    "instances": {"type": "array", "minItems": 1, "items": {"anyOf": [row_as_list, row_as_object]}}
                 },
             },
-            "responses": {
-                "200": {
-                    "description": "One prediction per instance, in order",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["predictions"],
-                                "properties": {"predictions": {"type": "array", "items": prediction}},
-                            }
-                        }
-                    },
-                }
+            "One prediction per instance, in order",
+            {
+                "type": "object",
+                "required": ["predictions"],
+                "properties": {"predictions": {"type": "array", "items": prediction}},
             },
-        }
+        )
 
 
 def _is_column(spec: TensorSpec) -> bool:

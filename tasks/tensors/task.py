@@ -20,7 +20,8 @@ import numpy as np
 
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Task, TaskConfigError, TaskSettings
-from onnxpool.tasks.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
+from onnxpool.tasks.json_body import json_operation, read_json
 from onnxpool.workers.model_info import ModelInfo
 
 
@@ -49,16 +50,11 @@ class NamedTensors(Task[Tensors, TaskSettings]):
         self._model = model
 
     def read(self, request: RequestParts) -> Tensors:
-        if request.mimetype.startswith(("multipart/", "image/")):
-            raise UnsupportedMediaType(
-                f"Content-Type {request.mimetype} is not accepted: send application/json with "
-                '{"inputs": {"<name>": [...]}}'
-            )
         model = self._model
         if model is None:
             raise RuntimeError("the tensors task was not checked against its model")
         limits = self.settings.limits
-        document = jsonfast.loads(request.body())
+        document = read_json(request, limits.max_json_depth, '{"inputs": {"<name>": [...]}}')
         if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
             raise BadRequest('the body must be a JSON object with "inputs": an object of named tensors')
         given: dict[str, Any] = document["inputs"]
@@ -108,35 +104,20 @@ class NamedTensors(Task[Tensors, TaskSettings]):
 
     def openapi(self, route: str) -> dict[str, Any]:
         tensor = {"description": "a nested list (rank and fixed dimensions as the model's)"}
-        return {
-            "summary": "Run the model on named tensors given as nested JSON lists",
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["inputs"],
-                            "properties": {"inputs": {"type": "object", "additionalProperties": tensor}},
-                        }
-                    }
+        return json_operation(
+            "Run the model on named tensors given as nested JSON lists",
+            {
+                "type": "object",
+                "required": ["inputs"],
+                "properties": {"inputs": {"type": "object", "additionalProperties": tensor}},
+            },
+            "The model's outputs by name",
+            {
+                "type": "object",
+                "required": ["model", "outputs"],
+                "properties": {
+                    "model": {"type": "string"},
+                    "outputs": {"type": "object", "additionalProperties": tensor},
                 },
             },
-            "responses": {
-                "200": {
-                    "description": "The model's outputs by name",
-                    "content": {
-                        "application/json": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["model", "outputs"],
-                                "properties": {
-                                    "model": {"type": "string"},
-                                    "outputs": {"type": "object", "additionalProperties": tensor},
-                                },
-                            }
-                        }
-                    },
-                }
-            },
-        }
+        )

@@ -1,0 +1,35 @@
+"""What the JSON tasks share: reading a JSON request body, and describing a JSON operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxpool.tasks import jsonfast
+from onnxpool.tasks.api import RequestParts
+from onnxpool.tasks.errors import UnsupportedMediaType
+
+
+def read_json(request: RequestParts, max_depth: int, shape: str) -> Any:
+    """The body as JSON (400 naming where it fails, or where it nests past `max_depth`).
+
+    Lenient like KServe's server about the Content-Type (curl -d sends a form type); only
+    uploads are refused outright, with `shape` (an example of the expected body) as advice.
+    """
+    if request.mimetype.startswith(("multipart/", "image/")):
+        raise UnsupportedMediaType(
+            f"Content-Type {request.mimetype} is not accepted: send application/json with {shape}"
+        )
+    document = jsonfast.loads(request.body())
+    jsonfast.check_depth(document, max_depth)
+    return document
+
+
+def json_operation(
+    summary: str, request_schema: dict[str, Any], reply: str, reply_schema: dict[str, Any]
+) -> dict[str, Any]:
+    """An OpenAPI operation fragment (`Task.openapi`) with a JSON body and a JSON 200 reply."""
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}},
+        "responses": {"200": {"description": reply, "content": {"application/json": {"schema": reply_schema}}}},
+    }
