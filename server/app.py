@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
 from onnxpool.server import admission, auth, gates, instrument, openapi, routes_v1
 from onnxpool.server.backend import InferenceBackend
-from onnxpool.server.context import ServerContext, error_response
+from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.front import Front
 from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
 from onnxpool.server.routes_task import blueprint_for
@@ -30,8 +30,18 @@ from onnxpool.tasks.registry import build_task
 log = logging.getLogger("onnxpool.server")
 
 
+def _render(error: OnnxpoolError) -> Response:
+    """The one error shape, `{"error": message}`, or the task's own on its routes (OpenAI's, say)."""
+    rule = request.url_rule
+    ctx: ServerContext = current_app.extensions["onnxpool"]
+    if rule is not None and rule.rule in ctx.task.routes:
+        document = ctx.task.error_document(error)
+        return json_response(document, error.status, error.headers or None)
+    return error_response(error.message, error.status, error.headers or None)
+
+
 def _handle_onnxpool_error(exc: OnnxpoolError) -> Response:
-    return error_response(exc.message, exc.status, exc.headers or None)
+    return _render(exc)
 
 
 def _handle_http_exception(exc: HTTPException) -> Response:
@@ -43,13 +53,17 @@ def _handle_http_exception(exc: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
     elif status == 404:
         message = f"no route {request.path}"
-    return error_response(message, status, headers)
+    error = OnnxpoolError(message, headers=headers)
+    error.status = status
+    return _render(error)
 
 
 def _handle_unexpected(exc: Exception) -> Response:
     # A bug, not bad input: log it whole, answer a JSON 500, keep the worker alive.
     log.exception("unhandled error on %s %s", request.method, request.path)
-    return error_response("internal server error", 500)
+    error = OnnxpoolError("internal server error")
+    error.status = 500
+    return _render(error)
 
 
 @dataclass(frozen=True)

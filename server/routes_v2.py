@@ -71,8 +71,10 @@ def ready() -> Response:
 @blueprint.get("/v2/models/<model>/versions/<version>")
 def model_metadata(model: str, version: str | None = None) -> Response:
     check_model(model, version)
-    info = loaded_model()
-    config = context().settings.model
+    ctx = context()
+    loaded = loaded_model()
+    info = ctx.task.tensor_signature(loaded) or loaded  # what v2 clients send and get (a text task: strings)
+    config = ctx.settings.model
     return json_response(
         {
             "name": config.name,
@@ -106,11 +108,24 @@ def infer(model: str, version: str | None = None) -> Response:
         )  # first: an oversized body is a 413 even when the binary header is bad too
         header_length = parse_header_length(request.headers.get(BINARY_HEADER))
 
+    task = ctx.task
+    signature = task.tensor_signature(info)
+
     def compute(echo_id: bool) -> Response:
         with phase("decode"):
-            decoded = decode_infer_request(body, info, limits, header_length)
+            decoded = decode_infer_request(body, signature or info, limits, header_length, signature is not None)
         admission.check_infer_timeout(decoded.parameters)
-        outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
+        if signature is None:
+            outputs = ctx.backend.infer(decoded.inputs, decoded.output_names)  # timed as "infer" by the backend
+        else:  # the task's own tensors: through the task, like its routes
+            with phase("decode"):
+                inputs = task.from_tensors(decoded.inputs)
+                feeds = task.feeds(inputs, info)
+            produced = ctx.backend.infer(feeds, task.output_names(info))
+            with phase("encode"):
+                tensors = task.to_tensors(inputs, produced)
+                wanted = decoded.output_names
+                outputs = {name: tensors[name] for name in wanted} if wanted is not None else tensors
         with phase("encode"):
             encoded = encode_infer_response(
                 ctx.settings.model.name,

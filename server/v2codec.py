@@ -166,13 +166,58 @@ def _from_json_data(data: Any, dtype: np.dtype, dims: tuple[int, ...], where: st
     return cast.reshape(dims)
 
 
+BYTES = "BYTES"
+"""Strings (or raw bytes): served where a task's tensor signature has them (`Task.tensor_signature`)."""
+_LENGTH = np.dtype("<u4")
+
+
+def _bytes_from_json(data: Any, dims: tuple[int, ...], where: str) -> np.ndarray:
+    """JSON BYTES data: strings (flat or nested), as an object array of UTF-8 bytes."""
+    _expect(isinstance(data, list), f"{where}.data must be a list (flat or nested) of strings")
+    flat: list[Any] = []
+    stack: list[Any] = [data]
+    while stack:  # iterative flatten in order (nesting is bounded by the JSON depth check)
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            _expect(isinstance(item, str), f"{where}.data must hold strings for BYTES")
+            flat.append(item.encode("utf-8", "surrogatepass"))
+    expected = math.prod(dims)
+    _expect(len(flat) == expected, f"{where} has {len(flat)} values but shape {list(dims)} needs {expected}")
+    values = np.empty(expected, dtype=object)
+    values[:] = flat
+    return values.reshape(dims)
+
+
+def _bytes_from_binary(data: memoryview, dims: tuple[int, ...], where: str) -> np.ndarray:
+    """Binary BYTES data: each element a 4-byte little-endian length, then that many bytes (tritonclient's)."""
+    expected = math.prod(dims)
+    values = np.empty(expected, dtype=object)
+    offset = 0
+    for i in range(expected):
+        _expect(offset + 4 <= len(data), f"{where}: binary BYTES data ends before element {i} of {expected}")
+        length = int(np.frombuffer(data[offset : offset + 4], dtype=_LENGTH)[0])
+        offset += 4
+        _expect(offset + length <= len(data), f"{where}: binary BYTES element {i} is cut short")
+        values[i] = bytes(data[offset : offset + length])
+        offset += length
+    _expect(offset == len(data), f"{where}: {len(data) - offset} bytes after the last BYTES element")
+    return values.reshape(dims)
+
+
 def decode_infer_request(
     body: bytes,
     model: ModelInfo,
     limits: RequestLimits,
     header_length: int | None = None,
+    text_inputs: bool = False,
 ) -> InferRequest:
-    """Parse and validate an infer request body against the model."""
+    """Parse and validate an infer request body against the model.
+
+    `text_inputs`: the model's string inputs take BYTES (a task's signature, whose task turns
+    them into the model's own tensors); never for an ONNX model's own string inputs.
+    """
     if header_length is not None:
         _expect(
             0 < header_length <= len(body),
@@ -201,6 +246,24 @@ def decode_infer_request(
             raise BadRequest(f"unknown input '{name}'; the model's inputs are: {known}")
         _expect(name not in inputs, f"{where} is given twice")
         datatype = raw.get("datatype")
+        if spec.dtype is None and text_inputs:  # a task's text input (Task.tensor_signature)
+            _expect(datatype == BYTES, f"{where} has datatype {datatype!r} but the model expects BYTES")
+            dims = _check_shape(raw.get("shape"), spec, where, limits)
+            size = _parameters(raw, where).get("binary_data_size")
+            if size is not None:
+                _expect(
+                    header_length is not None, f"{where} has binary_data_size but the request has no {BINARY_HEADER}"
+                )
+                _expect(
+                    isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= len(body) - offset,
+                    f"{where}.parameters.binary_data_size must be an integer within the body",
+                )
+                inputs[name] = _bytes_from_binary(view[offset : offset + size], dims, where)
+                offset += size
+            else:
+                _expect("data" in raw, f"{where} needs 'data' or parameters.binary_data_size")
+                inputs[name] = _bytes_from_json(raw["data"], dims, where)
+            continue
         dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
         _expect(dtype is not None, f"{where} has datatype {datatype!r}; supported: {ALLOWED_DATATYPES}")
         assert dtype is not None

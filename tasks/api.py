@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import Settings
+from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.workers.model_info import ModelInfo
 
 BytesLike = bytes | bytearray | memoryview
@@ -137,6 +138,33 @@ class Task(ABC, Generic[InputsT, SettingsT]):
     @abstractmethod
     def reply(self, inputs: InputsT, outputs: Outputs) -> JsonDocument:
         """The reply document (sent as JSON, status 200)."""
+
+    def tensor_signature(self, model: ModelInfo) -> ModelInfo | None:
+        """The tensors v2 clients see (`/v2/models/<m>` metadata and infer); None: the model's own.
+
+        A task whose callers send what the model does not take (text, where the model takes
+        token ids) returns the tensors of its own interface, e.g. a `text` input of strings
+        (`tensor(string)`, BYTES on the wire) and an `embedding` output. v2 infer then
+        decodes against it and runs `from_tensors` -> `feeds` -> the model -> `to_tensors`.
+        """
+        return None
+
+    def from_tensors(self, tensors: Mapping[str, np.ndarray]) -> InputsT:
+        """v2 infer with a `tensor_signature`: the decoded tensors as this task's inputs."""
+        raise NotImplementedError(f"task {self.name} has a tensor signature but no from_tensors")
+
+    def to_tensors(self, inputs: InputsT, outputs: Outputs) -> dict[str, np.ndarray]:
+        """v2 infer with a `tensor_signature`: the model's outputs as the signature's outputs."""
+        raise NotImplementedError(f"task {self.name} has a tensor signature but no to_tensors")
+
+    def error_document(self, error: OnnxpoolError) -> JsonDocument:
+        """The body of an error reply on this task's routes (status and headers are the error's).
+
+        onnxpool's shape by default, `{"error": message}`; a task that speaks another API
+        answers in that API's shape (OpenAI's `{"error": {"message", "type", ...}}`), so its
+        clients' own error handling works, for the API key and shedding refusals too.
+        """
+        return {"error": error.message}
 
     def openapi(self, route: str) -> dict[str, Any]:
         """The OpenAPI operation of `route` (summary, requestBody, responses); a default by default."""
