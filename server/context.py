@@ -7,6 +7,8 @@ import loops (docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +18,9 @@ from werkzeug.wrappers import Request
 from onnxpool.config.settings import Settings
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.reply_cache import ReplyCache
-from onnxpool.server.request_state import RequestState
+from onnxpool.server.request_state import RequestState, phase
 from onnxpool.tasks import jsonfast
-from onnxpool.tasks.api import Task
+from onnxpool.tasks.api import Feeds, Outputs, Task
 from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 
 
@@ -32,6 +34,21 @@ class ServerContext:
     """The model's task ([model] task): reads requests, makes feeds, writes replies."""
     cache: ReplyCache
     """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
+
+
+class SessionRunner:
+    """`onnxpool.tasks.api.Runner`: the app's instrumented backend and the request's phases."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self._backend = ctx.backend
+
+    def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
+        return self._backend.infer(feeds, output_names)  # timed as "infer", batch size recorded
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return phase(name)
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -16,7 +16,7 @@ from flask import Blueprint, Response, request
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers import Request
 
-from onnxpool.server.context import ServerContext, context, json_response, read_body
+from onnxpool.server.context import ServerContext, SessionRunner, context, json_response, read_body
 from onnxpool.server.request_state import RequestState, phase
 from onnxpool.server.routes_v2 import check_model, loaded_model
 
@@ -101,9 +101,7 @@ def serve_task(rule: str, model: str | None) -> Response:
         inputs = read_inputs(request, ctx, rule)
 
     def compute() -> Response:
-        with phase("decode"):
-            feeds = task.feeds(inputs, info)
-        outputs = ctx.backend.infer(feeds, task.output_names(info))  # timed as "infer" by the backend
+        outputs = task.run(inputs, info, SessionRunner(ctx))  # feeds ("decode") and inference(s) ("infer")
         with phase("encode"):
             return json_response(task.reply(inputs, outputs))
 

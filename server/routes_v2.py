@@ -9,7 +9,7 @@ from flask import Blueprint, Response, request
 from onnxpool import __version__
 from onnxpool.cache.key import BytesLike, v2_request_payload
 from onnxpool.server import admission
-from onnxpool.server.context import context, json_response, read_body
+from onnxpool.server.context import SessionRunner, context, json_response, read_body
 from onnxpool.server.datatypes import v2_datatype
 from onnxpool.server.reply_cache import insert_v2_id
 from onnxpool.server.request_state import RequestState, phase
@@ -120,8 +120,7 @@ def infer(model: str, version: str | None = None) -> Response:
         else:  # the task's own tensors: through the task, like its routes
             with phase("decode"):
                 inputs = task.from_tensors(decoded.inputs)
-                feeds = task.feeds(inputs, info)
-            produced = ctx.backend.infer(feeds, task.output_names(info))
+            produced = task.run(inputs, info, SessionRunner(ctx))
             with phase("encode"):
                 tensors = task.to_tensors(inputs, produced)
                 wanted = decoded.output_names

@@ -10,8 +10,9 @@ The life of a request to a task's route (`Task.routes`, each a POST):
 
     inputs = task.read(parts)          # phase "decode": parse and check what was sent
     key    = task.canonical(inputs)    # the bytes the response cache keys on
-    feeds  = task.feeds(inputs, model) # phase "decode": batched numpy arrays by input name
-    outputs = session.run(task.output_names(model), feeds)   # phase "infer"
+    outputs = task.run(inputs, model, runner)  # by default: ONE batched inference of
+                                       #   task.feeds(inputs, model) (phase "decode") for
+                                       #   task.output_names(model) (phase "infer")
     reply  = task.reply(inputs, outputs)                 # phase "encode": a JSON document
 
 Process rules (docs/TASKS.md): a task object is built in the gunicorn master, once per
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -74,6 +76,16 @@ class RequestParts(Protocol):
 
     def body(self) -> bytes:
         """The body, read on first call (413 past `[server] max_body_bytes`)."""
+
+
+class Runner(Protocol):
+    """What the server hands `Task.run`: the worker's session, and the request's phase timer."""
+
+    def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
+        """One inference on the worker's session (phase "infer"); None: every output."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """Time a block as phase `name` of the request (`Server-Timing`, the phase histogram)."""
 
 
 InputsT = TypeVar("InputsT")
@@ -134,6 +146,18 @@ class Task(ABC, Generic[InputsT, SettingsT]):
     def output_names(self, model: ModelInfo) -> Sequence[str] | None:
         """The outputs `reply` needs (None: all of them)."""
         return None
+
+    def run(self, inputs: InputsT, model: ModelInfo, runner: Runner) -> Outputs:
+        """The model's outputs for these inputs: by default ONE inference of `feeds` (all items as one batch).
+
+        `runner.infer` runs the worker's session (timed as phase "infer", batch size counted);
+        `runner.phase(name)` times a block of your own. Override to run several smaller
+        batches, e.g. inputs of very different lengths sorted into sub-batches so that short
+        ones are not padded to the longest; keep the outputs in the order of the inputs.
+        """
+        with runner.phase("decode"):
+            feeds = self.feeds(inputs, model)
+        return runner.infer(feeds, self.output_names(model))
 
     @abstractmethod
     def reply(self, inputs: InputsT, outputs: Outputs) -> JsonDocument:
