@@ -6,14 +6,14 @@ STAMP := $(VENV)/.installed
 # The package's files. onnxpool is installed in setuptools' strict editable mode (a link tree
 # of the mapped folders, which mypy and import-linter can follow); a module or data file added
 # or removed needs a reinstall, so the list of files is part of what the install depends on.
-PACKAGE_DIRS := launch cache config server workers measure quantize models
+PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
 .PHONY: install run test lint typecheck layers unit bench clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
-	@find $(PACKAGE_DIRS) -type f ! -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@find $(PACKAGE_DIRS) -type f ! -path '*/__pycache__/*' ! -path 'models/minilm/*' | LC_ALL=C sort > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(STAMP): setup.cfg setup.py pyproject.toml $(PACKAGE_FILES)

@@ -1,0 +1,1 @@
+"""Per-model pre- and post-processing (tasks): pure library code, no HTTP, no onnxruntime."""
