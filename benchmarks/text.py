@@ -72,6 +72,8 @@ def closed_loop(
     """`concurrency` threads POST `body` back to back; answers in the `duration` after `warmup` count.
 
     A non-200 answer or a connection error counts as an error (its time is not a latency).
+    Only requests sent and answered inside the window count, so `duration` must be many
+    latencies long (a 3 s request in an 8 s window mostly falls off its edges).
     """
     lock = threading.Lock()
     latencies: list[float] = []
