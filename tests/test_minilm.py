@@ -1,0 +1,62 @@
+"""The real text demo model (models/minilm/, built by `make minilm`): skipped until it exists.
+
+Without torch: the model's own files give the limit, pooling and normalisation, and the
+ONNX export runs with them; once `make minilm-check` has saved sentence-transformers' own
+vectors of the committed sentences beside the model, ours must match them (cosine >= 0.9999).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from benchmarks.minilm_check import REFERENCE, THRESHOLD, compare_with
+from benchmarks.text_sentences import sentences
+from onnxpool.tasks.text.options import TextEmbeddingOptions, resolve
+from onnxpool.tasks.text.pipeline import embed_batch
+from onnxpool.tasks.text.pooling import PoolingMode
+from onnxpool.tasks.text.tokenizing import InputTooLong
+from tests.harness import REPO
+
+MINILM = REPO / "models" / "minilm"
+pytestmark = [
+    pytest.mark.minilm,
+    pytest.mark.skipif(not (MINILM / "model.onnx").is_file(), reason="models/minilm not built (make minilm)"),
+]
+
+
+def test_the_models_files_decide_and_the_export_runs() -> None:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(MINILM / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    names = tuple(i.name for i in session.get_inputs())
+    assert names == ("input_ids", "attention_mask", "token_type_ids")
+    task = resolve(TextEmbeddingOptions(), MINILM, names)
+    assert task.tokenizer.max_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
+    assert task.pooling.mode is PoolingMode.MEAN and task.pooling.normalize
+    with pytest.raises(InputTooLong, match="input 1 has 302 tokens"):
+        task.tokenizer.encode(["ok", "word " * 300])
+    texts = ["", "A man is eating food.", "A man is eating a piece of bread.", "The sky is blue today."]
+
+    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(session.run(["last_hidden_state"], feeds)[0])
+
+    vectors = embed_batch(task.tokenizer.encode(texts), run, task.pooling)
+    assert vectors.shape == (4, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    similar, unrelated = float(vectors[1] @ vectors[2]), float(vectors[1] @ vectors[3])
+    assert similar > 0.6 > unrelated
+
+
+def test_matches_sentence_transformers() -> None:
+    """Against sentence-transformers' vectors that `make minilm-check` saved (no torch needed here)."""
+    reference = MINILM / REFERENCE
+    if not reference.is_file():
+        pytest.skip(f"{reference.name} not saved yet (make minilm-check)")
+    saved = np.load(reference)
+    texts = sentences()
+    assert saved["texts"].tolist() == texts
+    result = compare_with(texts, saved["vectors"], saved["lengths"], MINILM)
+    assert result.lengths_equal
+    assert float(result.cosines.min()) >= THRESHOLD
