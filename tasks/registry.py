@@ -1,7 +1,7 @@
 """Find the task `[model] task` names and build it with its validated `[task]` table.
 
 `[model] task` is `auto` (the default: see `chosen_task`), a built-in name
-(`image-classification`, `tabular`, `tensors`) or an import path:
+(`image-classification`, `tabular`, `tensors`, `text-embedding`, `text-classification`) or an import path:
 `package.module:ClassName` (a module on the Python path) or `path/to/file.py:ClassName`
 (a file; relative paths are relative to the settings file). The master does this once per
 generation (at start and on HUP), before any fork; an error is one line naming the setting.
@@ -26,6 +26,8 @@ BUILT_IN: dict[str, str] = {
     "image-classification": "onnxpool.tasks.image.task:ImageClassification",
     "tabular": "onnxpool.tasks.tabular.task:Tabular",
     "tensors": "onnxpool.tasks.tensors.task:NamedTensors",
+    "text-embedding": "onnxpool.tasks.text.embedding:TextEmbedding",
+    "text-classification": "onnxpool.tasks.text.classification:TextClassification",
 }
 AUTO = "auto"
 """The default: image-classification for a model whose first input is an image batch (4-D), else tensors."""

@@ -162,3 +162,32 @@ def build_text_model_folder(
     }
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(flags))
     return folder
+
+
+def build_classifier_folder(folder: Path, labels: tuple[str, ...] = ("negative", "positive")) -> Path:
+    """A text classifier: the tiny encoder with a head on its first ([CLS]) token -> logits [N, classes].
+
+    config.json names the classes (`id2label`), as a Hugging Face export does.
+    """
+    build_text_model_folder(folder, pooling="cls", normalize=False)
+    encoder = onnx.load(str(folder / "model.onnx"))
+    graph = encoder.graph
+    rng = np.random.default_rng(1)
+    head = (rng.standard_normal((HIDDEN, len(labels))) * 2.0).astype(np.float32)
+    graph.initializer.extend(
+        [numpy_helper.from_array(head, "head"), numpy_helper.from_array(np.array(0, np.int64), "first")]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Gather", ["last_hidden_state", "first"], ["cls"], axis=1),
+            helper.make_node("MatMul", ["cls", "head"], ["logits"]),
+        ]
+    )
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(labels)]))
+    onnx.checker.check_model(encoder)
+    onnx.save(encoder, str(folder / "model.onnx"))
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -247,19 +247,26 @@ def encode_base64(vector: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-def render_response(
+def response_document(
     vectors: np.ndarray, *, model: str, prompt_tokens: int, encoding_format: EncodingFormat = EncodingFormat.FLOAT
-) -> bytes:
-    """The response body as JSON bytes. Floats are written from float32 (shortest round-trip form)."""
+) -> dict[str, Any]:
+    """The response as a document (numpy rows: orjson writes float32 in its shortest round-trip form)."""
     rows: Sequence[object]
     if encoding_format is EncodingFormat.BASE64:
         rows = [encode_base64(row) for row in vectors]
     else:
         rows = list(np.asarray(vectors, dtype=np.float32))
-    document = {
+    return {
         "object": "list",
         "data": [{"object": "embedding", "index": index, "embedding": row} for index, row in enumerate(rows)],
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+def render_response(
+    vectors: np.ndarray, *, model: str, prompt_tokens: int, encoding_format: EncodingFormat = EncodingFormat.FLOAT
+) -> bytes:
+    """The response body as JSON bytes."""
+    document = response_document(vectors, model=model, prompt_tokens=prompt_tokens, encoding_format=encoding_format)
     return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)

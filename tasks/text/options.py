@@ -9,35 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import StrictBool
 
-from onnxpool.tasks.text.openai_schema import DEFAULT_MAX_BATCH
+from onnxpool.tasks.text.base import TextSettings
 from onnxpool.tasks.text.pooling import PoolingMode, PoolingSpec
 from onnxpool.tasks.text.tokenizing import KNOWN_INPUTS, TextTokenizer, model_max_length
 
 TASK_NAME = "text-embedding"
 
 
-class TextEmbeddingOptions(BaseModel):
-    """`[task]` for `[model] task = "text-embedding"`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class TextEmbeddingOptions(TextSettings):
+    """`[task]` for `[model] task = "text-embedding"` (with max_length, truncate, max_batch, sub_batch)."""
 
     pooling: Literal["auto", "mean", "cls", "lasttoken", "max"] = "auto"
     """auto = 1_Pooling/config.json (mean without it)."""
     normalize: Literal["auto"] | StrictBool = "auto"
     """auto = L2-normalise when the model has sentence-transformers' Normalize module."""
-    max_length: Literal["auto"] | Annotated[StrictInt, Field(ge=3)] = "auto"
-    """Tokens per input, special tokens included; auto = sentence_bert_config.json
-    max_seq_length, else config.json max_position_embeddings."""
-    truncate: StrictBool = False
-    """Inputs over max_length: false = a 400 naming the input, true = cut to max_length."""
-    max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1)
-    """Inputs per request (OpenAI: 2048)."""
-    sub_batch: int = Field(default=8, ge=0)
-    """Run a request length-sorted in sub-batches of this many inputs; 0 = one padded batch."""
     dimensions: StrictBool = False
     """Accept OpenAI's `dimensions` (cut, then re-normalise): only for Matryoshka-trained models."""
     output: str = "last_hidden_state"
