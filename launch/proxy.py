@@ -24,8 +24,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from onnxpool.config.nginx import render_main, render_site
 from onnxpool.config.settings import Settings
@@ -65,11 +67,17 @@ def run_nginx(settings: Settings, binary: str) -> int:
     main = write_config(settings)
     prefix = main.parent
     argv = [binary, "-p", str(prefix), "-c", str(main), "-e", "stderr"]
-    check = subprocess.run([*argv, "-t", "-q"], check=False)
+    check = subprocess.run([*argv, "-t", "-q"], check=False, capture_output=True)
     if check.returncode != 0:
+        sys.stderr.buffer.write(check.stderr)
         print(f"onnxpool: error: nginx refused the configuration in {main}", file=sys.stderr)
         return 1
-    child = subprocess.Popen(argv)
+    # nginx's stdout is a pipe of ours, copied to our stdout: an access log at /dev/stdout is
+    # re-opened by nginx through /proc/self/fd/1, which a non-root nginx may not do when that
+    # is a file or fifo owned by root (the runtime's); a pipe made by this process is its own.
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    copier = threading.Thread(target=_copy, args=(child.stdout, sys.stdout.buffer), daemon=True)
+    copier.start()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if child.poll() is None:
@@ -78,4 +86,14 @@ def run_nginx(settings: Settings, binary: str) -> int:
     for signum in FORWARD:
         signal.signal(signum, forward)
     returncode = child.wait()
+    copier.join(5)
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def _copy(source: IO[bytes] | None, target: IO[bytes]) -> None:
+    """Lines from nginx's stdout pipe to ours, until nginx and its workers have closed it."""
+    if source is None:
+        return
+    for line in iter(source.readline, b""):
+        target.write(line)
+        target.flush()
