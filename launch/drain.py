@@ -46,11 +46,11 @@ def hold_term_for_proxy(server: Any, pidfile: Path, limit: float) -> None:
     def handle_term() -> None:
         if pidfile.exists():
             log.info("SIGTERM: serving until nginx has finished its requests (%s gone, at most %g s)", pidfile, limit)
-            gone, waited = wait_until_gone(pidfile, limit)
-            if gone:
-                log.info("nginx finished after %.1f s; draining", waited)
-            else:
-                log.warning("nginx still running after %.1f s (%s exists); draining anyway", waited, pidfile)
+        gone, waited = wait_until_gone(pidfile, limit)
+        if gone:
+            log.info("nginx finished after %.1f s; draining", waited)
+        else:
+            log.warning("nginx still running after %.1f s (%s exists); draining anyway", waited, pidfile)
         original()
 
     server.handle_term = handle_term
