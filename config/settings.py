@@ -286,6 +286,12 @@ class NginxSettings(Section):
     this set keeps serving on SIGTERM until the file is gone, i.e. until nginx has finished
     its requests (at most server.graceful_timeout), then drains as usual. "" = not used."""
 
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _port_alone(cls, value: object) -> object:
+        # ONNXPOOL_NGINX__LISTEN=8000 arrives as the number 8000: a port alone is a valid listen.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("listen", "server_name")
     @classmethod
     def _one_token(cls, value: str) -> str:

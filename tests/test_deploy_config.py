@@ -191,3 +191,8 @@ def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_listen_may_be_a_port_alone_from_the_environment() -> None:
+    loaded = load_settings(environ={"ONNXPOOL_NGINX__LISTEN": "8000"})
+    assert loaded.settings.nginx.listen == "8000"
