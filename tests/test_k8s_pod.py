@@ -554,7 +554,9 @@ def test_slow_clients_do_not_take_the_pod_down(demo_pod: PodRun, capsys: pytest.
             for watch in watches:
                 stack.enter_context(watch)
             time.sleep(2.0)  # the slow clients are connected and trickling
-            outcomes = pod_load.closed_loop(HOST, run.port, request, connections=4, seconds=8.0)
+            # 2 connections on the pod's 1 worker: each waits at most one service time, far
+            # under max_queue_ms even on a loaded box, so a 503 here would be a real failure.
+            outcomes = pod_load.closed_loop(HOST, run.port, request, connections=2, seconds=8.0)
     finally:
         slow.finish()
     ok = [o for o in outcomes if o.status == 200]
@@ -564,9 +566,10 @@ def test_slow_clients_do_not_take_the_pod_down(demo_pod: PodRun, capsys: pytest.
     show(
         capsys,
         f"\npod slow clients: 4 at 1 byte/s (sent {slow.bytes_sent} bytes, cut: {len(slow.cut)}); "
-        f"normal /predict at 4 connections: {len(ok)}/{len(outcomes)} HTTP 200 ({share:.1%}), "
+        f"normal /predict at 2 connections: {len(ok)}/{len(outcomes)} HTTP 200 ({share:.1%}), "
         f"p99 {pod_load.percentile([o.seconds for o in ok], 0.99) * 1000:.0f} ms; "
-        f"probes {len(probe_results) - len(failures)}/{len(probe_results)} passed",
+        f"probes {len(probe_results) - len(failures)}/{len(probe_results)} passed; "
+        f"not 200: {[(o.status, round(o.seconds, 3), o.error) for o in outcomes if o.status != 200][:3]}",
     )
     assert len(outcomes) >= 20, outcomes[:5]
     assert share >= 0.99, [o for o in outcomes if o.status != 200][:5]
