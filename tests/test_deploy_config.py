@@ -196,3 +196,21 @@ def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path) -> None:
 def test_listen_may_be_a_port_alone_from_the_environment() -> None:
     loaded = load_settings(environ={"ONNXPOOL_NGINX__LISTEN": "8000"})
     assert loaded.settings.nginx.listen == "8000"
+
+
+@pytest.mark.nginx
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
+def test_no_reachable_instance_is_a_json_503_with_retry_after(tmp_path: Path) -> None:
+    """nginx's own error when no onnxpool answers (e.g. the pod's gunicorn still starting): 503, not 502."""
+    import requests
+
+    from tests.deploy_harness import start_nginx
+
+    nginx = start_nginx(tmp_path, [f"unix:{tmp_path}/absent.sock"])
+    try:
+        reply = requests.get(nginx.url + "/v2/health/ready", timeout=10)
+    finally:
+        nginx.stop()
+    assert reply.status_code == 503, reply.text
+    assert reply.headers.get("Retry-After") == "1"
+    assert reply.json() == {"error": "no onnxpool instance is available; retry shortly"}
