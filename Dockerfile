@@ -1,18 +1,21 @@
 # syntax=docker/dockerfile:1
 # onnxpool container image: the wheel built from this checkout, installed into a
-# virtual environment on a slim Debian base. Build and run (docs/DEPLOYING.md):
+# virtual environment on a slim Debian base, plus Debian's nginx-light (the pod's
+# second container runs it: one image to build and scan). docs/DEPLOYING.md has
+# the commands, including making the base image on a machine without a registry
+# (deploy/container/base-image.sh).
 #
-#   docker build -t onnxpool .            # or: podman build -t onnxpool .
-#   docker run --rm -p 8000:8000 --read-only --tmpfs /run/onnxpool:uid=10001,gid=10001 onnxpool
+#   podman build -t onnxpool .
+#   podman run --rm -p 8000:8000 --read-only --read-only-tmpfs=false \
+#     --tmpfs /run/onnxpool:rw,mode=1777,U onnxpool         # development: no nginx in front
 #
-# Behind a TLS-intercepting proxy, give pip the CA bundle at build time only
-# (never baked into a layer): --secret id=host-ca,src=/etc/ssl/certs/ca-certificates.crt
+# Behind a TLS-intercepting proxy pip needs that proxy's CA at build time, given
+# as a build secret (never baked into a layer):
+#   --secret id=host-ca,src=/etc/ssl/certs/ca-certificates.crt
 #
-# Your own model: mount it read-only at /models and point onnxpool at it,
-#   -v "$PWD/mymodel:/models:ro" -e ONNXPOOL_MODEL__PATH=/models/model.onnx \
-#   -e ONNXPOOL_MODEL__LABELS=/models/labels.txt
-# or mount a whole onnxpool.toml and set ONNXPOOL_CONFIG=/etc/onnxpool/onnxpool.toml.
-# Without either, the demo model (efficientnet-lite0, package data) is served.
+# Your own model: mount its folder read-only at /models (model.onnx, labels.txt,
+# readable by uid 10001); it is served, or refused with one line, never replaced
+# by the demo. Or mount a whole settings file over /etc/onnxpool/onnxpool.toml.
 
 # Any Debian 12 (bookworm) image whose python3 is 3.11 works; CI builds from a
 # root filesystem it makes with mmdebstrap and imports under this same name.
@@ -22,12 +25,15 @@ ARG BASE_IMAGE=debian:bookworm-slim
 FROM ${BASE_IMAGE} AS build
 
 # Versions pinned to Debian 12's; they change only with a Debian point release.
+# apt-get clean: a base without Docker's apt hook (an mmdebstrap rootfs) would
+# otherwise keep every downloaded .deb in this layer.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3=3.11.2-1+b1 \
       python3-venv=3.11.2-1+b1 \
       python3-pip=23.0.1+dfsg-1 \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/*
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -35,25 +41,29 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /src
 
-# The dependencies first, in their own layer: it is rebuilt only when setup.cfg
-# changes, not on every source edit. The list is setup.cfg's install_requires.
+# The dependencies first, in their own layer: rebuilt only when the lock changes.
+# deploy/container/requirements.lock pins every package setup.cfg's ranges
+# resolve to, with hashes (`make lock` refreshes it); pip refuses anything else.
 # A build secret "host-ca" (a CA bundle) is used for pip's TLS when given.
-COPY setup.cfg /src/setup.cfg
+# The wheel's build tools (setuptools, wheel) are locked the same way and go into
+# a venv of their own that never reaches the runtime stage.
+COPY deploy/container/requirements.lock deploy/container/build-requirements.lock /src/
 RUN --mount=type=secret,id=host-ca \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
  && python3 -m venv /opt/onnxpool \
- && python3 -c "import configparser; c = configparser.ConfigParser(); c.read('setup.cfg'); print(c['options']['install_requires'])" > /tmp/requirements.txt \
- && /opt/onnxpool/bin/pip install -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+ && /opt/onnxpool/bin/pip install --require-hashes --only-binary=:all: -r /src/requirements.lock \
+ && python3 -m venv /opt/build \
+ && /opt/build/bin/pip install --require-hashes --only-binary=:all: -r /src/build-requirements.lock
 
 # Then the wheel (its demo model, default onnxpool.toml and gunicorn config are
-# package data) into the same venv; its dependencies are already there. The
-# venv lives at the same path in the runtime stage, so its scripts keep working.
+# package data) into the same venv, without dependencies: they are the locked
+# ones above. The venv lives at the same path in the runtime stage.
 COPY . /src
 RUN --mount=type=secret,id=host-ca \
     if [ -s /run/secrets/host-ca ]; then export PIP_CERT=/run/secrets/host-ca; fi \
- && /opt/onnxpool/bin/pip wheel --no-deps -w /tmp/dist /src \
- && /opt/onnxpool/bin/pip install /tmp/dist/onnxpool-*.whl \
+ && /opt/build/bin/pip wheel --no-deps --no-build-isolation -w /tmp/dist /src \
+ && /opt/onnxpool/bin/pip install --no-deps /tmp/dist/onnxpool-*.whl \
+ && /opt/onnxpool/bin/pip check \
  && /opt/onnxpool/bin/pip uninstall -y pip setuptools \
  && rm -rf /tmp/dist \
  && /opt/onnxpool/bin/python -c "import onnxpool.server, onnxpool.workers, onnxpool.config, onnxpool.models"
@@ -61,15 +71,21 @@ RUN --mount=type=secret,id=host-ca \
 # -------------------------------------------------------------- runtime stage
 FROM ${BASE_IMAGE} AS runtime
 
+# python3 for onnxpool; nginx-light for the pod's nginx container (`onnxpool nginx`).
+# No apt lists or .deb files are left in the layer.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3=3.11.2-1+b1 \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get install -y --no-install-recommends \
+      python3=3.11.2-1+b1 \
+      nginx-light=1.22.1-9+deb12u11 \
+ && apt-get clean \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log
 
 COPY --from=build /opt/onnxpool /opt/onnxpool
+COPY deploy/container/onnxpool.toml /etc/onnxpool/onnxpool.toml
 
-# /models: the demo model's files (package data) linked in, so a config saying
-# /models/model.onnx (the Kubernetes ConfigMap does) serves the demo until you
-# mount your own model over /models. Found by name, wherever the package keeps it.
+# /models: the demo model's files (package data) linked in; the image's settings
+# (/etc/onnxpool/onnxpool.toml) serve /models/model.onnx, so a folder mounted
+# over /models replaces the demo entirely. Found by name, wherever the package keeps it.
 RUN model="$(find /opt/onnxpool/lib -path '*/efficientnet-lite0/model.onnx' -print -quit)" \
  && test -n "$model" \
  && mkdir -p /run/onnxpool /models \
@@ -80,20 +96,25 @@ RUN model="$(find /opt/onnxpool/lib -path '*/efficientnet-lite0/model.onnx' -pri
  && chmod 0700 /run/onnxpool
 
 LABEL org.opencontainers.image.title="onnxpool" \
-      org.opencontainers.image.description="ONNX model server: pre-fork gunicorn workers, one onnxruntime session each" \
+      org.opencontainers.image.description="ONNX model server: pre-fork gunicorn workers, one onnxruntime session each; nginx for its pod" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      io.onnxpool.models-mount="/models: mount your model here (read-only) and set ONNXPOOL_MODEL__PATH / ONNXPOOL_MODEL__LABELS" \
+      io.onnxpool.models-mount="/models: mount your model here (read-only, readable by uid 10001): model.onnx, labels.txt" \
       io.onnxpool.writable="/run/onnxpool: the only path written at run time (tmpfs / emptyDir)"
 
-# Everything the server writes at run time (per-run folder, Prometheus
-# multiprocess files, validated model snapshot, worker heartbeat files) goes
-# under ONNXPOOL_SERVER__RUN_DIR; TMPDIR and HOME point there too, so the root
-# filesystem can be mounted read-only with one tmpfs/emptyDir at this path.
+# Everything written at run time goes under /run/onnxpool: onnxpool's per-run
+# folder (Prometheus multiprocess files, validated model copy, heartbeats, the
+# response cache), its unix socket in the pod, and nginx's pid, configuration and
+# temp files (nginx/). TMPDIR and HOME point there too, so the root filesystem is
+# mounted read-only with one tmpfs/emptyDir at this path. ORT_DISABLE_TELEMETRY:
+# onnxruntime would otherwise write a device id and an event database under
+# $HOME/.cache/Microsoft and try to send usage telemetry.
 ENV PATH=/opt/onnxpool/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/run/onnxpool \
     TMPDIR=/run/onnxpool \
+    ORT_DISABLE_TELEMETRY=1 \
+    ONNXPOOL_CONFIG=/etc/onnxpool/onnxpool.toml \
     ONNXPOOL_SERVER__BIND=0.0.0.0:8000 \
     ONNXPOOL_SERVER__RUN_DIR=/run/onnxpool
 
@@ -102,8 +123,9 @@ WORKDIR /run/onnxpool
 EXPOSE 8000
 
 # Exec form: `onnxpool serve` execs gunicorn in this same pid, so SIGTERM from
-# `docker stop` / the kubelet reaches gunicorn's master, which stops accepting
+# `podman stop` / the kubelet reaches gunicorn's master, which stops accepting
 # and lets in-flight requests finish within server.graceful_timeout (30 s).
+# The pod's nginx container overrides this with `onnxpool nginx`.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/opt/onnxpool/bin/onnxpool", "serve"]
 CMD []

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck layers unit bench minilm minilm-check clean FORCE
+.PHONY: install run test lint typecheck layers unit bench minilm minilm-check lock clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
@@ -66,6 +66,19 @@ minilm: install
 minilm-check: minilm
 	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) 'sentence-transformers>=5,<7'
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.minilm_check --model $(MINILM_DIR)
+
+# The container image's Python dependencies, pinned with hashes (`pip install --require-hashes`
+# in the Dockerfile), resolved from setup.cfg's ranges by uv against PyPI itself (UV_NO_CONFIG:
+# no local mirror or constraints). --universal keeps environment markers, so the lock holds for
+# Debian 12's Python 3.11.2 in the image whatever Python runs this (redis needs async-timeout
+# below 3.11.3, for instance). Also the wheel's build tools (build-requirements.in).
+LOCK := deploy/container/requirements.lock
+UV_COMPILE := UV_NO_CONFIG=1 $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--native-tls --index-url https://pypi.org/simple --upgrade
+lock: install
+	$(BIN)/python -m pip install --quiet 'uv==0.13.8'
+	$(UV_COMPILE) --output-file $(LOCK) setup.cfg
+	$(UV_COMPILE) --output-file deploy/container/build-requirements.lock deploy/container/build-requirements.in
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache *.egg-info

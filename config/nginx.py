@@ -2,7 +2,9 @@
 
 The template is `config/nginx/onnxpool.conf.template`; its fields are written
 `%{name}` (nginx itself uses `$`). `config/nginx/onnxpool.conf` is the template
-rendered with the default settings, kept in sync by a test.
+rendered with the default settings, kept in sync by a test. `onnxpool nginx`
+(nginx run beside onnxpool, e.g. in its pod) adds a main configuration around the
+same site, from `config/nginx/nginx.conf.template`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from onnxpool.config.settings import Settings
 NGINX_DIR = Path(__file__).resolve().parent / "nginx"
 TEMPLATE_FILE = NGINX_DIR / "onnxpool.conf.template"
 RENDERED_DEFAULT = NGINX_DIR / "onnxpool.conf"
+MAIN_TEMPLATE_FILE = NGINX_DIR / "nginx.conf.template"
 
 
 class SiteTemplate(Template):
@@ -45,4 +48,18 @@ def render_site(settings: Settings, template: str | None = None) -> str:
         connect_timeout=nginx.connect_timeout,
         timeout=settings.server.timeout,
         next_upstream_tries=nginx.next_upstream_tries,
+        client_timeout=nginx.client_timeout,
+    )
+
+
+def render_main(settings: Settings, site: Path) -> str:
+    """nginx's main configuration for `onnxpool nginx`: pid, temp paths beside [nginx] pidfile."""
+    if not settings.nginx.pidfile:
+        raise ValueError("[nginx] pidfile is not set: `onnxpool nginx` keeps everything it writes beside it")
+    pidfile = Path(settings.nginx.pidfile)
+    return SiteTemplate(MAIN_TEMPLATE_FILE.read_text(encoding="utf-8")).substitute(
+        pidfile=pidfile,
+        prefix=pidfile.parent,
+        site=site,
+        graceful_timeout=settings.server.graceful_timeout,
     )

@@ -284,6 +284,24 @@ class NginxSettings(Section):
     access_log: str = "/var/log/nginx/onnxpool.access.log"
     """nginx access log of this site ("" = off)."""
 
+    client_timeout: int = Field(default=10, ge=1)
+    """Seconds nginx waits for the next piece of a client's request header or body, and for a
+    client to take the next piece of a reply (client_header_timeout, client_body_timeout,
+    send_timeout); a client that stalls longer gets 408 / is closed. nginx buffers the whole
+    request before onnxpool sees it, so a slow client holds only an nginx connection."""
+
+    pidfile: str = ""
+    """Only for `onnxpool nginx` (nginx in the same pod or host as this instance): nginx's pid
+    file; its rendered configuration and temp folders go beside it. An onnxpool master with
+    this set keeps serving on SIGTERM until the file is gone, i.e. until nginx has finished
+    its requests (at most server.graceful_timeout), then drains as usual. "" = not used."""
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _port_alone(cls, value: object) -> object:
+        # ONNXPOOL_NGINX__LISTEN=8000 arrives as the number 8000: a port alone is a valid listen.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("listen", "server_name")
     @classmethod
     def _one_token(cls, value: str) -> str:
@@ -293,6 +311,13 @@ class NginxSettings(Section):
     @classmethod
     def _log_path(cls, value: str) -> str:
         return value and _check_nginx_token(value, "access_log")
+
+    @field_validator("pidfile")
+    @classmethod
+    def _absolute_pidfile(cls, value: str) -> str:
+        if value and not Path(value).is_absolute():
+            raise ValueError('must be an absolute path, or "" (not used)')
+        return value and _check_nginx_token(value, "pidfile")
 
     @field_validator("upstreams")
     @classmethod

@@ -1,4 +1,4 @@
-"""The `onnxpool` command: serve, config, nginx-config, and the measuring tools bench, limit, tune.
+"""The `onnxpool` command: serve, config, nginx-config, nginx, and the measuring tools bench, limit, tune.
 
 The entry point sits above every layer (docs/ARCHITECTURE.md): it may import any of them.
 """
@@ -22,6 +22,9 @@ GUNICORN_CONF = Path(__file__).resolve().with_name("gunicorn_conf.py")
 def _serve(args: argparse.Namespace) -> int:
     """Replace this process with gunicorn running gunicorn.conf.py (same pid, same signals)."""
     env = dict(os.environ)
+    # onnxruntime (1.2x+) sends usage telemetry and writes a device id and an event database
+    # under $HOME/.cache/Microsoft unless told not to; a server has no business doing either.
+    env.setdefault("ORT_DISABLE_TELEMETRY", "1")
     if args.config:
         env[ENV_CONFIG_FILE] = str(config_file_named(args.config).resolve())
     if args.bind:
@@ -83,6 +86,30 @@ def _nginx_config(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {args.output} (upstreams: {', '.join(upstream_servers(settings))})", file=sys.stderr)
     return 0
+
+
+def _nginx(args: argparse.Namespace) -> int:
+    """Run nginx in the foreground in front of this onnxpool (the pod's nginx container)."""
+    from onnxpool import proxy
+
+    try:
+        settings = load_settings(args.config).settings
+    except ConfigError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
+    if not settings.nginx.pidfile:
+        print("onnxpool: error: set [nginx] pidfile (e.g. /run/onnxpool/nginx/nginx.pid): nginx's files go beside it",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    binary = proxy.nginx_binary()
+    if binary is None:
+        print("onnxpool: error: nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
+        return 1
+    try:
+        return proxy.run_nginx(settings, binary)
+    except OSError as exc:
+        print(f"onnxpool: error: cannot write nginx's files beside {settings.nginx.pidfile}: {exc}", file=sys.stderr)
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     nginx.add_argument("--server-name", help="override nginx.server_name")
     nginx.add_argument("-o", "--output", help="file to write (default: stdout)")
     nginx.set_defaults(func=_nginx_config)
+
+    front = commands.add_parser(
+        "nginx", help="run nginx in the foreground in front of this onnxpool (its pod's second container)"
+    )
+    front.add_argument("--config", help="TOML settings file ([nginx] pidfile must be set)")
+    front.set_defaults(func=_nginx)
     return parser
 
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from gunicorn.http.body import LengthReader
 
-from onnxpool import wire
+from onnxpool import drain, wire
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.tasks.registry import build_task
@@ -218,6 +218,8 @@ def on_starting(server: Any) -> None:
     )
     _warn_if_oversubscribed(layout, layout.workers)
     _log_task(s)
+    if settings.nginx.pidfile:
+        drain.hold_term_for_proxy(server, Path(settings.nginx.pidfile), settings.server.graceful_timeout)
     log.info("run folder: %s", s.pool.run.path)
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)

@@ -145,3 +145,72 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_client_timeouts_follow_settings() -> None:
+    site = render_site(Settings(nginx=NginxSettings(client_timeout=7)))
+    for directive in ("client_header_timeout", "client_body_timeout", "send_timeout"):
+        assert f"{directive} 7s;" in site
+    assert "location = /nginx/live {" in site
+
+
+def test_nginx_command_needs_a_pidfile(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ONNXPOOL_CONFIG", raising=False)
+    monkeypatch.delenv("ONNXPOOL_NGINX__PIDFILE", raising=False)
+    assert main(["nginx"]) == 1
+    assert "[nginx] pidfile" in capsys.readouterr().err
+
+
+def test_relative_nginx_pidfile_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"nginx\.pidfile"):
+        load_settings(environ={}, overrides={"nginx.pidfile": "run/nginx.pid"})
+
+
+@pytest.mark.nginx
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
+def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path) -> None:
+    """What `onnxpool nginx` writes (main configuration + the VM site) is one nginx accepts."""
+    from onnxpool import proxy
+
+    settings = Settings(
+        server=ServerSettings(bind=f"unix:{tmp_path}/onnxpool.sock", graceful_timeout=12),
+        nginx=NginxSettings(listen="127.0.0.1:1", access_log="/dev/stdout", pidfile=str(tmp_path / "n" / "nginx.pid")),
+    )
+    main_conf = proxy.write_config(settings)
+    text = main_conf.read_text()
+    assert f"pid {tmp_path}/n/nginx.pid;" in text and "worker_shutdown_timeout 12s;" in text
+    assert f"include {tmp_path}/n/{proxy.SITE_FILE};" in text
+    assert (tmp_path / "n" / "tmp" / "body").is_dir()
+    binary = nginx_binary()
+    assert binary is not None
+    result = subprocess.run(
+        [binary, "-t", "-p", str(main_conf.parent), "-c", str(main_conf), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_listen_may_be_a_port_alone_from_the_environment() -> None:
+    loaded = load_settings(environ={"ONNXPOOL_NGINX__LISTEN": "8000"})
+    assert loaded.settings.nginx.listen == "8000"
+
+
+@pytest.mark.nginx
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
+def test_no_reachable_instance_is_a_json_503_with_retry_after(tmp_path: Path) -> None:
+    """nginx's own error when no onnxpool answers (e.g. the pod's gunicorn still starting): 503, not 502."""
+    import requests
+
+    from tests.deploy_harness import start_nginx
+
+    nginx = start_nginx(tmp_path, [f"unix:{tmp_path}/absent.sock"])
+    try:
+        reply = requests.get(nginx.url + "/v2/health/ready", timeout=10)
+    finally:
+        nginx.stop()
+    assert reply.status_code == 503, reply.text
+    assert reply.headers.get("Retry-After") == "1"
+    assert reply.json() == {"error": "no onnxpool instance is available; retry shortly"}

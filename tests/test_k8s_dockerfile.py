@@ -16,6 +16,7 @@ from tests.k8s_render import OVERLAYS, REPO, container, need_tool, one, render
 DOCKERFILE = REPO / "Dockerfile"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "container"
 REQUIREMENTS = REPO / "deploy" / "requirements-ci.txt"
+LOCK = REPO / "deploy" / "container" / "requirements.lock"
 DEFAULT_BASE = "debian:bookworm-slim"
 
 
@@ -84,6 +85,43 @@ def contract_problems(path: Path) -> list[str]:
     for word, rest in ins:
         if word in ("COPY", "ADD") and re.search(r"\.(crt|pem)\b|ca-certificates", rest):
             problems.append(f"{word} {rest}: a CA bundle must not be baked into the image")
+        if word == "RUN" and "apt-get install" in rest:
+            # Cleaned in the SAME RUN, or the layer keeps them however later layers delete them.
+            if "apt-get clean" not in rest or "rm -rf /var/lib/apt/lists/*" not in rest:
+                problems.append("a RUN with apt-get install leaves apt's lists or .deb cache in its layer")
+        if word == "RUN":
+            for install in re.findall(r"pip install ([^&]*)", rest):
+                if "--require-hashes" not in install and "--no-deps" not in install:
+                    problems.append(f"pip install {install.strip()}: not --require-hashes (locked) nor --no-deps")
+    return problems
+
+
+def lock_problems(lock: Path) -> list[str]:
+    """Every install_requires of setup.cfg is pinned in the lock, with hashes, inside its range."""
+    import configparser
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    wanted = [
+        Requirement(line)
+        for line in config["options"]["install_requires"].splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    text = lock.read_text(encoding="utf-8")
+    pins: dict[str, list[str]] = {}
+    for match in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", text, re.M):
+        pins.setdefault(match.group(1).lower().replace("_", "-"), []).append(match.group(2))
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", text)
+    problems = [f"{b.split()[0]} has no --hash" for b in blocks if "==" in b.split()[0] and "--hash=sha256:" not in b]
+    for req in wanted:
+        versions = pins.get(req.name.lower().replace("_", "-"), [])
+        if not versions:
+            problems.append(f"{req.name} ({req.specifier}) is not in {lock.name}")
+        elif not any(Version(v) in req.specifier for v in versions):
+            problems.append(f"{req.name} pinned to {versions}, outside setup.cfg's {req.specifier}")
     return problems
 
 
@@ -139,8 +177,23 @@ def test_dockerfile_contract():
 
 def test_contract_check_catches_a_bad_dockerfile():
     problems = " | ".join(contract_problems(FIXTURES / "bad.Dockerfile"))
-    for words in ("BASE_IMAGE", "multi-stage", "numeric non-root", "exec form", "BIND", "RUN_DIR", "CA bundle"):
+    for words in ("BASE_IMAGE", "multi-stage", "numeric non-root", "exec form", "BIND", "RUN_DIR", "CA bundle",
+                  "apt's lists", "--require-hashes"):  # fmt: skip
         assert words in problems, f"{words!r} not reported: {problems}"
+
+
+def test_lock_pins_every_dependency_with_hashes():
+    assert lock_problems(LOCK) == []
+
+
+def test_lock_check_catches_a_stale_lock(tmp_path):
+    stale = tmp_path / "requirements.lock"
+    text = LOCK.read_text(encoding="utf-8")
+    text = re.sub(r"^flask==\S+", "flask==2.0.0", text, flags=re.M)  # below setup.cfg's range
+    text = re.sub(r"^gunicorn==[^\n]*\n(    --hash[^\n]*\n)*", "gunicorn==27.0.1\n", text, flags=re.M)
+    stale.write_text(text, encoding="utf-8")
+    problems = " | ".join(lock_problems(stale))
+    assert "flask pinned to ['2.0.0']" in problems and "gunicorn==27.0.1 has no --hash" in problems, problems
 
 
 def test_run_dir_is_the_pods_writable_volume():

@@ -50,6 +50,8 @@ Docs = list[dict[str, Any]]
 MASTER_MEMORY = 96 * 2**20
 WORKER_MEMORY = 160 * 2**20
 HEALTH_LIVE, HEALTH_READY = "/v2/health/live", "/v2/health/ready"
+NGINX_LIVE = "/nginx/live"  # answered by nginx itself (config/nginx/onnxpool.conf.template)
+APP, PROXY = "onnxpool", "nginx"  # the pod's two containers
 DEFAULT_GRACEFUL_TIMEOUT = 30
 DEFAULT_TIMEOUT = 30
 DEFAULT_MAX_BODY_BYTES = 16777216
@@ -92,12 +94,32 @@ def settings_toml(docs: Docs) -> dict[str, Any]:
     return {}
 
 
+def setting(docs: Docs, section: str, key: str, default: Any, name: str = APP) -> Any:
+    """A setting as container `name` sees it: its ONNXPOOL_<SECTION>__<KEY> env, else the ConfigMap's file."""
+    env = env_of(container(deployment(docs), name))
+    if f"ONNXPOOL_{section.upper()}__{key.upper()}" in env:
+        return env[f"ONNXPOOL_{section.upper()}__{key.upper()}"]
+    return settings_toml(docs).get(section, {}).get(key, default)
+
+
 def server_setting(docs: Docs, key: str, default: Any) -> Any:
-    c = container(deployment(docs))
-    env = env_of(c)
-    if f"ONNXPOOL_SERVER__{key.upper()}" in env:
-        return env[f"ONNXPOOL_SERVER__{key.upper()}"]
-    return settings_toml(docs).get("server", {}).get(key, default)
+    return setting(docs, "server", key, default)
+
+
+def containers(docs: Docs) -> list[dict[str, Any]]:
+    return list(deployment(docs)["spec"]["template"]["spec"]["containers"])
+
+
+def shared_empty_dirs(docs: Docs) -> list[str]:
+    """Mount paths of emptyDirs both containers mount writable at the same path."""
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    empty = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+    mounts = [
+        {(m["name"], m["mountPath"]) for m in c.get("volumeMounts", []) if m["name"] in empty and not m.get("readOnly")}
+        for c in containers(docs)
+    ]
+    both = set.intersection(*mounts) if mounts else set()
+    return [path for _, path in both]
 
 
 # ------------------------------------------------------------------ checks
@@ -129,22 +151,26 @@ def check_selectors(docs: Docs) -> list[str]:
 def check_ports(docs: Docs) -> list[str]:
     problems = []
     dep = deployment(docs)
-    c = container(dep)
-    port_names = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
+    port_names = {p["name"]: p["containerPort"] for c in containers(docs) for p in c.get("ports", []) if "name" in p}
     port_numbers = set(port_names.values())
 
     def resolves(port: int | str) -> bool:
         return port in port_names if isinstance(port, str) else port in port_numbers
 
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        port = c.get(probe, {}).get("httpGet", {}).get("port")
-        if port is not None and not resolves(port):
-            problems.append(f"{probe} port {port!r} is not a container port")
+    for c in containers(docs):
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            port = c.get(probe, {}).get("httpGet", {}).get("port")
+            if port is not None and not resolves(port):
+                problems.append(f"{c['name']} {probe} port {port!r} is not a container port")
     services = objects(docs, "Service")
+    nginx_ports = {p["name"] for p in container(dep, PROXY).get("ports", []) if "name" in p}
     for svc in services:
         for sp in svc["spec"].get("ports", []):
-            if not resolves(sp.get("targetPort", sp["port"])):
+            target = sp.get("targetPort", sp["port"])
+            if not resolves(target):
                 problems.append(f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} unresolved")
+            elif target not in nginx_ports:
+                problems.append(f"Service {svc['metadata']['name']} targetPort {target!r} bypasses nginx")
     service_ports = {s["metadata"]["name"]: s["spec"].get("ports", []) for s in services}
     for ing in objects(docs, "Ingress"):
         for rule in ing["spec"].get("rules", []):
@@ -163,9 +189,14 @@ def check_ports(docs: Docs) -> list[str]:
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) not in port_numbers:
         problems.append(f"prometheus.io/port {annotations['prometheus.io/port']} is not a container port")
-    bind = env_of(c).get("ONNXPOOL_SERVER__BIND", "")
-    if bind and int(bind.rsplit(":", 1)[1]) not in port_numbers:
-        problems.append(f"ONNXPOOL_SERVER__BIND {bind} does not listen on a container port")
+    # gunicorn on a unix socket both containers share; nginx listens on its container port.
+    for name in (APP, PROXY):
+        bind = str(setting(docs, "server", "bind", "127.0.0.1:8000", name))
+        if not (bind.startswith("unix:") and _under(bind[len("unix:") :], shared_empty_dirs(docs))):
+            problems.append(f"{name}: server.bind {bind} is not a unix socket on an emptyDir both containers share")
+    listen = str(setting(docs, "nginx", "listen", "80", PROXY))
+    if int(listen.rsplit(":", 1)[-1]) not in {p["containerPort"] for p in container(dep, PROXY).get("ports", [])}:
+        problems.append(f"nginx.listen {listen} is not a port of the nginx container")
     return problems
 
 
@@ -216,12 +247,17 @@ def check_resources(docs: Docs) -> list[str]:
     dep = deployment(docs)
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     layout, workers = annotations.get("onnxpool.io/cpu-layout"), annotations.get("onnxpool.io/workers")
-    res = container(dep).get("resources", {})
-    req, lim = res.get("requests", {}), res.get("limits", {})
     if layout not in ("pinned", "unpinned") or workers is None:
         return ["pod template lacks onnxpool.io/cpu-layout (pinned|unpinned) and onnxpool.io/workers"]
-    if "cpu" not in lim or "memory" not in lim or "cpu" not in req or "memory" not in req:
-        return ["cpu and memory requests and limits must all be set"]
+    for c in containers(docs):
+        res = c.get("resources", {})
+        req, lim = res.get("requests", {}), res.get("limits", {})
+        if "cpu" not in lim or "memory" not in lim or "cpu" not in req or "memory" not in req:
+            return [f"{c['name']}: cpu and memory requests and limits must all be set"]
+        if layout == "pinned" and not all(str(req[k]) == str(lim[k]) for k in ("cpu", "memory")):
+            problems.append(f"pinned needs Guaranteed QoS (every container): {c['name']} requests {req} limits {lim}")
+    res = container(dep).get("resources", {})
+    req, lim = res["requests"], res["limits"]
     cpu = cpu_quantity(lim["cpu"])
     guaranteed = all(str(req[k]) == str(lim[k]) for k in ("cpu", "memory"))
     whole = cpu == int(cpu)
@@ -248,21 +284,31 @@ def check_resources(docs: Docs) -> list[str]:
     return problems
 
 
-def check_grace(docs: Docs) -> list[str]:
-    problems = []
-    spec = deployment(docs)["spec"]["template"]["spec"]
-    c = container(deployment(docs))
+def _prestop_sleep(c: dict[str, Any]) -> int | None:
     command = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     sleep = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds")
     if sleep is None and len(command) == 2 and command[0].endswith("sleep"):
         sleep = int(command[1])
-    if sleep is None:
-        return ["no preStop sleep: requests still routed to a terminating pod get refused"]
+    return None if sleep is None else int(sleep)
+
+
+def check_grace(docs: Docs) -> list[str]:
+    problems = []
+    spec = deployment(docs)["spec"]["template"]["spec"]
+    sleeps = {c["name"]: _prestop_sleep(c) for c in containers(docs)}
+    if None in sleeps.values():
+        return [f"no preStop sleep in {sleeps}: requests still routed to a terminating pod get refused"]
+    sleep = max(s for s in sleeps.values() if s is not None)
     graceful = int(server_setting(docs, "graceful_timeout", DEFAULT_GRACEFUL_TIMEOUT))
     grace = spec.get("terminationGracePeriodSeconds", 30)
-    if not grace > sleep + graceful:
-        problems.append(f"terminationGracePeriodSeconds {grace} <= preStop {sleep} + graceful_timeout {graceful}")
+    # nginx finishes within graceful_timeout, gunicorn waits for it and then drains within it.
+    if not grace > sleep + 2 * graceful:
+        problems.append(
+            f"terminationGracePeriodSeconds {grace} <= preStop {sleep} + 2 x graceful_timeout {graceful} "
+            "(nginx's graceful stop, then gunicorn's drain)"
+        )
     timeout = int(server_setting(docs, "timeout", DEFAULT_TIMEOUT))
+    c = container(deployment(docs))
     live = c.get("livenessProbe", {})
     # The earliest kill: the first failed probe's timeout, then failureThreshold - 1 more periods.
     live_budget = (live.get("failureThreshold", 3) - 1) * live.get("periodSeconds", 10) + live.get("timeoutSeconds", 1)
@@ -281,46 +327,52 @@ def _under(path: str, mounts: list[str]) -> bool:
 def check_writable(docs: Docs) -> list[str]:
     problems = []
     spec = deployment(docs)["spec"]["template"]["spec"]
-    c = container(deployment(docs))
-    if c.get("securityContext", {}).get("readOnlyRootFilesystem") is not True:
-        problems.append("readOnlyRootFilesystem is not true")
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    writable = []
-    for m in c.get("volumeMounts", []):
-        if m["name"] not in volumes:
-            problems.append(f"volumeMount {m['name']} has no volume")
-        elif "emptyDir" in volumes[m["name"]] and not m.get("readOnly"):
-            writable.append(m["mountPath"])
-    env = env_of(c)
     toml = settings_toml(docs)
-    paths = {k: env.get(k, "") for k in ("ONNXPOOL_SERVER__RUN_DIR", "TMPDIR", "HOME")}
-    paths["metrics.dir"] = env.get("ONNXPOOL_METRICS__DIR", toml.get("metrics", {}).get("dir", ""))
-    paths["server.pidfile"] = toml.get("server", {}).get("pidfile", "")
-    paths["server.control_socket"] = toml.get("server", {}).get("control_socket", "")
-    if not paths["ONNXPOOL_SERVER__RUN_DIR"]:
-        problems.append("ONNXPOOL_SERVER__RUN_DIR unset: the server would write to the read-only root")
-    for what, path in paths.items():
-        if path and not _under(path, writable):
-            problems.append(f"{what} = {path} is not on a writable emptyDir ({writable})")
+    for c in containers(docs):
+        if c.get("securityContext", {}).get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{c['name']}: readOnlyRootFilesystem is not true")
+        writable = []
+        for m in c.get("volumeMounts", []):
+            if m["name"] not in volumes:
+                problems.append(f"volumeMount {m['name']} has no volume")
+            elif "emptyDir" in volumes[m["name"]] and not m.get("readOnly"):
+                writable.append(m["mountPath"])
+        env = env_of(c)
+        paths = {k: env.get(k, "") for k in ("TMPDIR", "HOME")}
+        if c["name"] == APP:
+            paths["ONNXPOOL_SERVER__RUN_DIR"] = env.get("ONNXPOOL_SERVER__RUN_DIR", "")
+            paths["metrics.dir"] = env.get("ONNXPOOL_METRICS__DIR", toml.get("metrics", {}).get("dir", ""))
+            paths["server.pidfile"] = toml.get("server", {}).get("pidfile", "")
+            paths["server.control_socket"] = toml.get("server", {}).get("control_socket", "")
+            if not paths["ONNXPOOL_SERVER__RUN_DIR"]:
+                problems.append("ONNXPOOL_SERVER__RUN_DIR unset: the server would write to the read-only root")
+        else:
+            paths["nginx.pidfile (and nginx's files beside it)"] = str(setting(docs, "nginx", "pidfile", "", c["name"]))
+        for what, path in paths.items():
+            if path and not _under(path, writable):
+                problems.append(f"{c['name']}: {what} = {path} is not on a writable emptyDir ({writable})")
     return problems
 
 
 def check_security(docs: Docs) -> list[str]:
     problems = []
     spec = deployment(docs)["spec"]["template"]["spec"]
-    pod, sc = spec.get("securityContext", {}), container(deployment(docs)).get("securityContext", {})
-    uid = sc.get("runAsUser", pod.get("runAsUser"))
-    if not (sc.get("runAsNonRoot", pod.get("runAsNonRoot")) is True and isinstance(uid, int) and uid > 0):
-        problems.append(f"not runAsNonRoot with a numeric non-zero uid (uid {uid!r})")
-    if sc.get("allowPrivilegeEscalation") is not False:
-        problems.append("allowPrivilegeEscalation is not false")
-    if sc.get("privileged"):
-        problems.append("privileged")
-    if "ALL" not in sc.get("capabilities", {}).get("drop", []) or sc.get("capabilities", {}).get("add"):
-        problems.append("capabilities: must drop ALL and add none")
-    seccomp = sc.get("seccompProfile", pod.get("seccompProfile", {}))
-    if seccomp.get("type") != "RuntimeDefault":
-        problems.append("seccompProfile is not RuntimeDefault")
+    pod = spec.get("securityContext", {})
+    for c in containers(docs):
+        sc, name = c.get("securityContext", {}), c["name"]
+        uid = sc.get("runAsUser", pod.get("runAsUser"))
+        if not (sc.get("runAsNonRoot", pod.get("runAsNonRoot")) is True and isinstance(uid, int) and uid > 0):
+            problems.append(f"{name}: not runAsNonRoot with a numeric non-zero uid (uid {uid!r})")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []) or sc.get("capabilities", {}).get("add"):
+            problems.append(f"{name}: capabilities: must drop ALL and add none")
+        seccomp = sc.get("seccompProfile", pod.get("seccompProfile", {}))
+        if seccomp.get("type") != "RuntimeDefault":
+            problems.append(f"{name}: seccompProfile is not RuntimeDefault")
     if spec.get("automountServiceAccountToken") is not False:
         problems.append("the pod mounts a service account token it never uses")
     if not spec.get("serviceAccountName") or not any(
@@ -342,17 +394,48 @@ def served_routes() -> set[str]:
     return routes
 
 
+def nginx_own_paths() -> set[str]:
+    """Exact locations the nginx site answers itself (`location = /path`)."""
+    text = (REPO / "config" / "nginx" / "onnxpool.conf.template").read_text(encoding="utf-8")
+    return set(re.findall(r"location = (/\S+) \{", text))
+
+
 def check_probes(docs: Docs) -> list[str]:
+    """gunicorn's own probes over its socket (exec); readiness through nginx (the whole path)."""
     problems = []
-    c = container(deployment(docs))
-    wanted = {"startupProbe": HEALTH_READY, "readinessProbe": HEALTH_READY, "livenessProbe": HEALTH_LIVE}
     routes = served_routes()
-    for probe, path in wanted.items():
-        got = c.get(probe, {}).get("httpGet", {}).get("path")
+    app = container(deployment(docs), APP)
+    bind = str(setting(docs, "server", "bind", "", APP))
+    for probe, path in {"startupProbe": HEALTH_READY, "livenessProbe": HEALTH_LIVE}.items():
+        command = app.get(probe, {}).get("exec", {}).get("command", [])
+        if command[-3:] != ["onnxpool.probe", bind, path] or path not in routes:
+            problems.append(f"{APP} {probe} {command!r}: expected `python -m onnxpool.probe {bind} {path}`")
+    proxy = container(deployment(docs), PROXY)
+    wanted = {"readinessProbe": (HEALTH_READY, routes), "livenessProbe": (NGINX_LIVE, nginx_own_paths())}
+    for probe, (path, served) in wanted.items():
+        got = proxy.get(probe, {}).get("httpGet", {}).get("path")
         if got != path:
-            problems.append(f"{probe} path {got!r}, expected {path}")
-        elif got not in routes:
-            problems.append(f"{probe} path {got} is not a route the app serves")
+            problems.append(f"{PROXY} {probe} path {got!r}, expected {path}")
+        elif got not in served:
+            problems.append(f"{PROXY} {probe} path {got} is not answered")
+    return problems
+
+
+def check_nginx(docs: Docs) -> list[str]:
+    """The pod's nginx: `onnxpool nginx` from the same image, shedding on, gunicorn waiting for it."""
+    problems = []
+    app, proxy = container(deployment(docs), APP), container(deployment(docs), PROXY)
+    if proxy.get("image") != app.get("image"):
+        problems.append(f"nginx runs image {proxy.get('image')}, not onnxpool's {app.get('image')}")
+    if [Path(a).name for a in proxy.get("command", [])] != ["onnxpool", "nginx"]:
+        problems.append(f"nginx container command {proxy.get('command')} is not `onnxpool nginx`")
+    pidfiles = {name: str(setting(docs, "nginx", "pidfile", "", name)) for name in (APP, PROXY)}
+    if len(set(pidfiles.values())) != 1 or not pidfiles[APP]:
+        problems.append(f"nginx.pidfile differs or is unset ({pidfiles}): gunicorn would not wait for nginx")
+    elif not _under(pidfiles[APP], shared_empty_dirs(docs)):
+        problems.append(f"nginx.pidfile {pidfiles[APP]} is not on an emptyDir both containers share")
+    if int(setting(docs, "limits", "max_queue_ms", 0)) <= 0:
+        problems.append("limits.max_queue_ms is off: an overloaded pod queues without bound")
     return problems
 
 
@@ -402,6 +485,7 @@ CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "probes": check_probes,
     "scrape": check_scrape,
     "ingress": check_ingress,
+    "nginx": check_nginx,
 }
 
 # fixture folder -> (check that must catch it, words its message must contain)
@@ -419,6 +503,7 @@ NEGATIVE = {
     "bad-probe": ("probes", "livenessProbe path"),
     "bad-ingress": ("ingress", "proxy-body-size"),
     "bad-scrape": ("scrape", "scraped twice"),
+    "bad-nginx": ("nginx", "nginx.pidfile"),
 }
 
 

@@ -4,22 +4,31 @@
 CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_image.py
 
 1. Base image: the Dockerfile's default BASE_IMAGE (debian:bookworm-slim) is made
-   here, from this machine's apt sources, with `mmdebstrap --variant=minbase`
-   and `podman import`ed under that SAME name, so the Dockerfile is built
-   unchanged with `--pull=never`. Reused when already imported (and the rootfs
-   tarball is cached in $ONNXPOOL_CI_CACHE, default /var/cache/onnxpool-ci).
+   by deploy/container/base-image.sh (the documented commands: mmdebstrap
+   --variant=minbase from this machine's apt sources, `podman import`ed under
+   that SAME name), so the Dockerfile is built unchanged with `--pull=never`.
+   Reused when already imported (the rootfs tarball is cached in
+   $ONNXPOOL_CI_CACHE, default /var/cache/onnxpool-ci).
 2. `podman build --pull=never` of the Dockerfile; the host CA bundle, when
    present, is given to pip as a build secret (never a layer).
-3. `podman run` like the rendered Deployment (kubectl kustomize of an overlay,
-   default `shared`): its command, args and env, its numeric uid/gid,
-   `--read-only` with tmpfs ONLY at its emptyDir paths, its ConfigMap files
-   mounted read-only, `--cpus` = limits.cpu, `--memory` = limits.memory, all
-   capabilities dropped, no-new-privileges. Then: start-up within the startup
-   probe's budget, both probes, /metrics, one /predict of a cat photo, the
-   layout line ("cpu: unpinned" / "cpu: pinned", per the overlay's
-   onnxpool.io/cpu-layout), and a clean stop. Then once more with a slow model
-   (tests/slow_model.py) mounted in: `podman stop` during a ~4 s inference
-   must let it finish (200) and exit 0 within terminationGracePeriodSeconds.
+3. The image itself: its size, no apt lists or .deb files, nginx present.
+4. The README's quick start (one container, development): serves the cat, writes
+   nothing of onnxruntime's telemetry; a broken model mounted at /models is
+   refused with one line, never replaced by the demo.
+5. A podman pod like the rendered Deployment (kubectl kustomize of an overlay,
+   default `shared`): both containers with their commands, args and env, the
+   numeric uid/gid, `--read-only --read-only-tmpfs=false` with the emptyDir as
+   one tmpfs volume both mount, the ConfigMap files read-only, each
+   container's `--cpus` / `--memory` limits, all capabilities dropped,
+   no-new-privileges, the pod's port published. Then: ready through nginx within
+   the startup budget, every probe (nginx's httpGet ones; gunicorn's exec
+   liveness via `podman exec`), /metrics, a cat, the layout line; 2 slow clients
+   (1 byte/s) with requests and probes still answered; 32 connections of
+   overload (503 + Retry-After, probes green, served p99 bounded); a clean
+   `podman pod stop`. Then once more with a slow model (tests/slow_model.py):
+   `podman pod stop` (SIGTERM to both containers at once) during a ~4 s
+   inference and a closed loop of requests loses none, and both exit 0 within
+   terminationGracePeriodSeconds.
 
 Known snags of this host handled here: podman's default crun refuses the
 hybrid cgroup setup, so runc is used (`podman --runtime runc`); runc cannot
@@ -31,7 +40,6 @@ Exit status 0 only if every check passed; the last line is "N passed, N failed".
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
@@ -43,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
@@ -51,18 +60,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tests import pod_load  # noqa: E402  (the checkout's load helpers, standard library only)
+
 CACHE = Path(os.environ.get("ONNXPOOL_CI_CACHE", "/var/cache/onnxpool-ci"))
 CAT = REPO / "models" / "samples" / "chelsea-cat.jpg"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 PODMAN = ["podman", "--runtime", "runc"]
-# What debian:*-slim leaves out (docs, man pages, locales), kept out of the rootfs too.
-SLIM_DPKG = [
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-    "path-exclude=/usr/share/locale/*",
-    "path-exclude=/usr/share/info/*",
-]
 
 results: list[tuple[str, bool, str]] = []
 
@@ -99,39 +103,22 @@ def qualified(name: str) -> str:
     return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
 
 
-def apt_sources() -> str:
-    """This machine's apt sources file (deb822 preferred), for mmdebstrap."""
-    for pattern in ("/etc/apt/sources.list.d/*.sources", "/etc/apt/sources.list"):
-        for path in sorted(glob.glob(pattern)):
-            if "deb.debian.org" in Path(path).read_text(encoding="utf-8") or "debian" in path:
-                return path
-    sys.exit("no Debian apt sources found in /etc/apt")
-
-
 def ensure_base(base: str, rebuild: bool) -> bool:
+    """The base image, made by deploy/container/base-image.sh (the documented commands) unless present."""
     image = qualified(base)
     if not rebuild and run([*PODMAN, "image", "exists", image]).returncode == 0:
         return record("base image", True, f"{image} already imported (reused)")
-    suite = base.rsplit(":", 1)[1].split("-")[0] if ":" in base else "bookworm"
+    if image != "docker.io/library/debian:bookworm-slim":
+        sys.exit(f"base-image.sh makes debian:bookworm-slim, the Dockerfile's default; not {base}")
     CACHE.mkdir(parents=True, exist_ok=True)
-    tarball = CACHE / f"{suite}-minbase.tar"
+    tarball = CACHE / "bookworm-minbase.tar"
+    if rebuild:
+        tarball.unlink(missing_ok=True)
     t0 = time.monotonic()
-    if rebuild or not tarball.exists():
-        partial = tarball.with_suffix(".partial.tar")
-        cmd = ["mmdebstrap", "--variant=minbase", "--quiet"]
-        cmd += [f"--dpkgopt={opt}" for opt in SLIM_DPKG]
-        # The sources file as the mirror argument: never read from stdin (CI has none).
-        cmd += [suite, str(partial), apt_sources()]
-        proc = run(cmd, capture_output=True)
-        if proc.returncode != 0:
-            return record("base rootfs (mmdebstrap)", False, proc.stderr[-2000:])
-        partial.rename(tarball)
-        record("base rootfs (mmdebstrap)", True, f"{tarball} in {time.monotonic() - t0:.1f} s")
-    t1 = time.monotonic()
-    proc = run([*PODMAN, "import", "--change", 'CMD ["bash"]', str(tarball), image], capture_output=True)
+    proc = run(["sh", str(REPO / "deploy" / "container" / "base-image.sh"), str(tarball)], capture_output=True)
     if proc.returncode != 0:
-        return record("base image (podman import)", False, proc.stderr[-2000:])
-    return record("base image (podman import)", True, f"{image} in {time.monotonic() - t1:.1f} s")
+        return record("base image (base-image.sh)", False, proc.stderr[-2000:])
+    return record("base image (base-image.sh)", True, f"{image} from {tarball} in {time.monotonic() - t0:.1f} s")
 
 
 def ulimits() -> list[str]:
@@ -191,20 +178,26 @@ def memory(q: str) -> str:
     return q
 
 
+def size_bytes(q: str) -> int:
+    for suffix, factor in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30)):
+        if q.endswith(suffix):
+            return int(q[: -len(suffix)]) * factor
+    return int(q)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def podman_run_args(
-    dep: dict[str, Any], docs: list[dict[str, Any]], tag: str, workdir: Path, port: int, extra: list[str] | None = None
+def container_args(
+    spec: dict[str, Any], c: dict[str, Any], docs: list[dict[str, Any]], workdir: Path, volumes: dict[str, str]
 ) -> list[str]:
-    spec = dep["spec"]["template"]["spec"]
-    c = spec["containers"][0]
+    """`podman run` arguments for one container of the rendered pod (without --pod, image, args)."""
     sc = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
     uid, gid = sc["runAsUser"], sc.get("runAsGroup", sc["runAsUser"])
-    args = ["run", "-d", "--name", f"onnxpool-ci-{uuid.uuid4().hex[:8]}", *ulimits()]
+    args = ["run", "-d", "--name", f"onnxpool-ci-{c['name']}-{uuid.uuid4().hex[:8]}", *ulimits()]
     args += ["--user", f"{uid}:{gid}"]
     if sc.get("readOnlyRootFilesystem"):
         # podman's --read-only adds tmpfs at /run, /tmp, /var/tmp unless told not to:
@@ -219,16 +212,13 @@ def podman_run_args(
         args += ["--cpus", cpus(str(limits["cpu"]))]
     if "memory" in limits:
         args += ["--memory", memory(str(limits["memory"]))]
-    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    pod_volumes = {v["name"]: v for v in spec.get("volumes", [])}
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     for m in c.get("volumeMounts", []):
-        vol = volumes[m["name"]]
+        vol = pod_volumes[m["name"]]
         if "emptyDir" in vol:
-            size = memory(str(vol["emptyDir"].get("sizeLimit", "256Mi")))
-            # An emptyDir is empty and writable by the pod's uid/fsGroup. podman 4.3 gives a
-            # tmpfs the image folder's mode (0700 here) and root as owner, ignoring mode=;
-            # `U` chowns it to the --user, which is what the pod's fsGroup amounts to.
-            args += ["--tmpfs", f"{m['mountPath']}:rw,size={size},mode=1777,U"]
+            # An emptyDir both containers mount: one podman volume (tmpfs, the pod's uid) for both.
+            args += ["-v", f"{volumes[m['name']]}:{m['mountPath']}"]
         elif "configMap" in vol:
             folder = workdir / m["name"]
             folder.mkdir(exist_ok=True)
@@ -239,12 +229,9 @@ def podman_run_args(
             sys.exit(f"volume {m['name']}: only emptyDir and configMap are emulated")
     for e in c.get("env", []):
         args += ["-e", f"{e['name']}={e['value']}"]
-    container_port = next(p["containerPort"] for p in c["ports"] if p.get("name") == "http")
-    args += ["-p", f"127.0.0.1:{port}:{container_port}"]
-    command = c.get("command")
-    if command:
-        args += ["--entrypoint", json.dumps(command)]
-    return [*args, *(extra or []), tag, *c.get("args", [])]
+    if c.get("command"):
+        args += ["--entrypoint", json.dumps(c["command"])]
+    return args
 
 
 def http(
@@ -279,27 +266,80 @@ class Pod:
     grace: float
     layout: str
 
+    @property
+    def spec(self) -> dict[str, Any]:
+        return dict(self.dep["spec"]["template"]["spec"])
 
-def start_container(pod: Pod, tag: str, workdir: Path, extra: list[str] | None = None) -> tuple[str, str, float]:
-    """`podman run` like the pod; returns (container id or "", base URL, seconds until ready or 0)."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    args = podman_run_args(pod.dep, pod.docs, tag, workdir, port, extra)
-    log("$ podman " + " ".join(args))
+    def container(self, name: str) -> dict[str, Any]:
+        return dict(next(c for c in self.spec["containers"] if c["name"] == name))
+
+    @property
+    def port(self) -> int:
+        return int(next(p["containerPort"] for p in self.container(PROXY)["ports"] if p.get("name") == "http"))
+
+
+@dataclass
+class Running:
+    """A started podman pod: its name, its containers, the pod's port on 127.0.0.1."""
+
+    name: str
+    cids: dict[str, str]
+    volume: str
+    port: int
+    ready_after: float = 0.0
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+APP, PROXY = "onnxpool", "nginx"
+
+
+def start_pod(pod: Pod, tag: str, workdir: Path, extra: dict[str, list[str]] | None = None) -> Running | None:
+    """A podman pod like the Deployment's: the pod's port published, one tmpfs volume per emptyDir."""
+    name = f"onnxpool-ci-{uuid.uuid4().hex[:8]}"
+    running = Running(name=name, cids={}, volume="", port=free_port())
+    empty = [v for v in pod.spec.get("volumes", []) if "emptyDir" in v]
+    sc = pod.spec.get("securityContext", {})
+    volumes = {}
+    for v in empty:
+        # tmpfs size in 4 KiB pages: podman takes `size=` in a volume's options for a disk quota.
+        pages = size_bytes(str(v["emptyDir"].get("sizeLimit", "256Mi"))) // 4096
+        volume = f"{name}-{v['name']}"
+        opts = f"nr_blocks={pages},uid={sc.get('runAsUser', 10001)},gid={sc.get('fsGroup', 10001)},mode=0770"
+        made = run([*PODMAN, "volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs", "--opt", f"o={opts}",
+                    volume], capture_output=True)  # fmt: skip
+        if made.returncode != 0:
+            record("podman volume create (emptyDir)", False, made.stderr[-2000:])
+            return None
+        volumes[v["name"]] = volume
+        running.volume = volume
+    created = run([*PODMAN, "pod", "create", "--name", name, "-p", f"127.0.0.1:{running.port}:{pod.port}"],
+                  capture_output=True)  # fmt: skip
+    if created.returncode != 0:
+        record("podman pod create", False, created.stderr[-2000:])
+        return None
     t0 = time.monotonic()
-    started = run([*PODMAN, *args], capture_output=True)
-    if started.returncode != 0:
-        record("podman run", False, started.stderr[-2000:])
-        return "", base, 0.0
-    cid = started.stdout.strip()
+    for c in pod.spec["containers"]:
+        args = container_args(pod.spec, c, pod.docs, workdir, volumes)
+        args = [*args[:2], "--pod", name, *args[2:], *(extra or {}).get(c["name"], []), tag, *c.get("args", [])]
+        log("$ podman " + " ".join(args))
+        started = run([*PODMAN, *args], capture_output=True)
+        if started.returncode != 0:
+            record(f"podman run ({c['name']})", False, started.stderr[-2000:])
+            return running
+        running.cids[c["name"]] = started.stdout.strip()
     while time.monotonic() - t0 < pod.budget:
-        if http("GET", base + "/v2/health/ready", timeout=2)[0] == 200:
-            return cid, base, time.monotonic() - t0
-        state = run([*PODMAN, "inspect", "-f", "{{.State.Running}}", cid], capture_output=True).stdout
-        if state.strip() == "false":
+        if http("GET", running.base + "/v2/health/ready", timeout=2)[0] == 200:
+            running.ready_after = time.monotonic() - t0
+            return running
+        states = [run([*PODMAN, "inspect", "-f", "{{.State.Running}}", cid], capture_output=True).stdout.strip()
+                  for cid in running.cids.values()]  # fmt: skip
+        if "false" in states:
             break
         time.sleep(0.2)
-    return cid, base, 0.0
+    return running
 
 
 def container_log(cid: str) -> str:
@@ -307,21 +347,39 @@ def container_log(cid: str) -> str:
     return out.stdout + out.stderr
 
 
-def stop_container(pod: Pod, cid: str) -> tuple[bool, str]:
-    """`podman stop` with the pod's grace period: (exited 0 in time after handling SIGTERM, detail)."""
+def remove_pod(running: Running) -> None:
+    run([*PODMAN, "pod", "rm", "-f", running.name], capture_output=True)
+    for volume in {running.volume} - {""}:
+        run([*PODMAN, "volume", "rm", "-f", volume], capture_output=True)
+
+
+def stop_pod(pod: Pod, running: Running) -> tuple[bool, str]:
+    """SIGTERM to both containers at once (`podman stop A B` stops them in parallel), as the kubelet
+    after preStop; then `podman pod stop` for the infra container. Not `podman pod stop` alone: it
+    stops the infra container, which holds the published port's forwarding, at the same time, and
+    the replies of requests still in flight would never reach their clients."""
     t1 = time.monotonic()
-    stop = run([*PODMAN, "stop", "-t", str(int(pod.grace)), cid], capture_output=True)
+    stop = run([*PODMAN, "stop", "-t", str(int(pod.grace)), *running.cids.values()], capture_output=True)
     took = time.monotonic() - t1
-    code = run([*PODMAN, "inspect", "-f", "{{.State.ExitCode}}", cid], capture_output=True).stdout.strip()
-    drained = "Handling signal: term" in container_log(cid)
-    ok = stop.returncode == 0 and code == "0" and took < pod.grace and drained
-    return ok, f"exit {code} after {took:.1f} s (grace {pod.grace:g} s), SIGTERM handled: {drained}"
+    run([*PODMAN, "pod", "stop", "-t", "5", running.name], capture_output=True)
+    codes = {
+        n: run([*PODMAN, "inspect", "-f", "{{.State.ExitCode}}", cid], capture_output=True).stdout.strip()
+        for n, cid in running.cids.items()
+    }
+    waited = "nginx finished after" in container_log(running.cids[APP])
+    ok = stop.returncode == 0 and set(codes.values()) == {"0"} and took < pod.grace and waited
+    return ok, f"exit codes {codes} after {took:.1f} s (grace {pod.grace:g} s), gunicorn waited for nginx: {waited}"
+
+
+def dump_logs(running: Running) -> None:
+    for n, cid in running.cids.items():
+        log(f"{n} container log:\n" + container_log(cid)[-4000:])
 
 
 def run_like_pod(tag: str, overlay: str) -> None:
     dep, docs = rendered_pod(overlay)
     spec = dep["spec"]["template"]["spec"]
-    startup = spec["containers"][0]["startupProbe"]
+    startup = next(c for c in spec["containers"] if c["name"] == APP)["startupProbe"]
     pod = Pod(
         dep=dep,
         docs=docs,
@@ -332,41 +390,176 @@ def run_like_pod(tag: str, overlay: str) -> None:
     with tempfile.TemporaryDirectory(prefix="onnxpool-ci-") as tmp:
         workdir = Path(tmp)
         os.chmod(workdir, 0o755)
+        image_contents(tag)
+        quick_start(tag, workdir)
         serve_like_pod(pod, tag, workdir)
         drain_like_pod(pod, tag, workdir)
 
 
+def image_contents(tag: str) -> None:
+    """Size, no apt lists or .deb files, nginx present: what the image is, before running it."""
+    size = run([*PODMAN, "image", "inspect", "-f", "{{.Size}}", tag], capture_output=True).stdout.strip()
+    record("image size", size.isdigit(), f"{int(size or 0) / 1e6:.0f} MB")
+    script = (
+        "n=$(find /var/lib/apt/lists /var/cache/apt -type f 2>/dev/null | wc -l); echo apt-files=$n; "
+        "nginx -v 2>&1; test $n -eq 0 && command -v nginx >/dev/null"
+    )
+    out = run([*PODMAN, "run", "--rm", *ulimits(), "--entrypoint", "/bin/sh", tag, "-c", script], capture_output=True)
+    record("no apt lists or .deb files; nginx in the image", out.returncode == 0, (out.stdout + out.stderr).strip())
+
+
+def quick_start(tag: str, workdir: Path) -> None:
+    """The README's single-container run (development), and a broken model at /models refused in one line."""
+    port = free_port()
+    base = ["run", "-d", *ulimits(), "-p", f"127.0.0.1:{port}:8000", "--read-only", "--read-only-tmpfs=false",
+            "--tmpfs", "/run/onnxpool:rw,mode=1777,U"]  # fmt: skip
+    started = run([*PODMAN, *base, tag], capture_output=True)
+    cid = started.stdout.strip()
+    try:
+        ready = False
+        t0 = time.monotonic()
+        while cid and time.monotonic() - t0 < 60 and not ready:
+            ready = http("GET", f"http://127.0.0.1:{port}/v2/health/ready", timeout=2)[0] == 200
+            time.sleep(0.2)
+        payload, ctype = multipart("image", CAT)
+        status, body = http("POST", f"http://127.0.0.1:{port}/predict", payload, {"Content-Type": ctype}, timeout=30)
+        written = run([*PODMAN, "exec", cid, "find", "/run/onnxpool", "-maxdepth", "2"], capture_output=True).stdout
+        telemetry = ".cache" in written or "Microsoft" in written
+        record(
+            "quick start (single container, as README)",
+            ready and status == 200 and b"cat" in body.lower() and not telemetry,
+            f"ready {ready}, /predict HTTP {status}; written under /run/onnxpool: "
+            + " ".join(sorted(line.removeprefix("/run/onnxpool/") for line in written.split()[1:])),
+        )
+    finally:
+        if cid:
+            run([*PODMAN, "rm", "-f", cid], capture_output=True)
+    bad = workdir / "bad-model"
+    bad.mkdir()
+    (bad / "model.onnx").write_bytes(b"this is not an onnx model\n")
+    (bad / "labels.txt").write_text("a\nb\n")
+    for path in (bad, bad / "model.onnx", bad / "labels.txt"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    refused = run([*PODMAN, "run", "--rm", *ulimits(), "--read-only", "--read-only-tmpfs=false",
+                   "--tmpfs", "/run/onnxpool:rw,mode=1777,U", "-v", f"{bad}:/models:ro", tag],
+                  capture_output=True, timeout=120)  # fmt: skip
+    text = refused.stdout + refused.stderr
+    lines = [ln for ln in text.splitlines() if "/models/model.onnx" in ln]
+    record(
+        "a broken /models/model.onnx is refused, never replaced by the demo",
+        refused.returncode != 0 and bool(lines) and "efficientnet" not in text.split("/models/model.onnx")[0][-200:],
+        f"exit {refused.returncode}: {lines[:1]}",
+    )
+
+
+def probe_checks(pod: Pod, running: Running) -> list[pod_load.Check]:
+    """The pod's probes as the kubelet runs them: nginx's httpGet ones, gunicorn's exec liveness in its container."""
+    checks: list[pod_load.Check] = []
+    for kind in ("readinessProbe", "livenessProbe"):
+        probe = pod.container(PROXY)[kind]
+        checks.append(pod_load.http_check("127.0.0.1", running.port, probe["httpGet"]["path"], probe["timeoutSeconds"]))
+    live = pod.container(APP)["livenessProbe"]
+
+    def exec_live() -> tuple[bool, str]:
+        try:
+            done = run([*PODMAN, "exec", running.cids[APP], *live["exec"]["command"]], capture_output=True,
+                       timeout=live["timeoutSeconds"] + 5)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False, "exec liveness: no answer"
+        return done.returncode == 0, f"exec liveness: exit {done.returncode} {done.stderr.strip()}"
+
+    checks.append(exec_live)
+    return checks
+
+
 def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
-    """The demo model: start-up time, probes, /metrics, a cat, the layout line, a clean stop."""
-    cid, base, ready = start_container(pod, tag, workdir)
-    if not cid:
+    """The demo model: start-up, probes, /metrics, a cat, the layout line; slow clients; overload; a clean stop."""
+    running = start_pod(pod, tag, workdir)
+    if running is None:
         return
     try:
-        record("ready within the startup probe budget", ready > 0, f"{ready:.1f} s of {pod.budget:g} s")
-        if ready:
-            record("GET /v2/health/live", http("GET", base + "/v2/health/live")[0] == 200)
-            status, body = http("GET", base + "/metrics")
-            record("GET /metrics", status == 200 and b"# TYPE" in body, f"HTTP {status}, {len(body)} bytes")
-            payload, ctype = multipart("image", CAT)
-            status, body = http("POST", base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
-            record(
-                "POST /predict (cat photo)", status == 200 and b"cat" in body.lower(), f"HTTP {status} {body[:200]!r}"
-            )
-        text = container_log(cid)
+        ready = running.ready_after
+        record("ready through nginx within the startup probe budget", ready > 0, f"{ready:.1f} s of {pod.budget:g} s")
+        if not ready:
+            dump_logs(running)
+            return
+        for check in probe_checks(pod, running):
+            ok, detail = check()
+            record(f"probe {detail.split(':')[0]}", ok, detail)
+        status, body = http("GET", running.base + "/metrics")
+        record("GET /metrics", status == 200 and b"# TYPE" in body, f"HTTP {status}, {len(body)} bytes")
+        payload, ctype = multipart("image", CAT)
+        status, body = http("POST", running.base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
+        record("POST /predict (cat photo)", status == 200 and b"cat" in body.lower(), f"HTTP {status} {body[:120]!r}")
+        text = container_log(running.cids[APP])
         want = f"cpu: {pod.layout}"
         line = next((ln for ln in text.splitlines() if "cpu: " in ln), "")
         record(f"layout line '{want}'", want in line, line[:300])
-        ok, detail = stop_container(pod, cid)
-        record("clean stop on podman stop", ok, detail)
+        request: pod_load.Request = ("POST", "/predict", payload, {"Content-Type": ctype, "Cache-Control": "no-store"})
+        slow_clients(pod, running, request)
+        overload(pod, running, request)
+        ok, detail = stop_pod(pod, running)
+        record("clean stop (podman stop of both containers at once)", ok, detail)
         if not all(good for _, good, _ in results):
-            log("container log:\n" + container_log(cid)[-6000:])
+            dump_logs(running)
     finally:
-        run([*PODMAN, "rm", "-f", cid], capture_output=True)
+        remove_pod(running)
+
+
+def watching(pod: Pod, running: Running) -> list[pod_load.Watch]:
+    return [pod_load.Watch(check, 1.0) for check in probe_checks(pod, running)]
+
+
+def slow_clients(pod: Pod, running: Running, request: pod_load.Request) -> None:
+    slow = pod_load.SlowClients("127.0.0.1", running.port, request, count=2).start()
+    watches = watching(pod, running)
+    try:
+        for watch in watches:
+            watch.__enter__()
+        time.sleep(1.0)
+        outcomes = pod_load.closed_loop("127.0.0.1", running.port, request, connections=2, seconds=5.0)
+    finally:
+        for watch in watches:
+            watch.__exit__()
+        slow.finish()
+    good = sum(1 for o in outcomes if o.status == 200)
+    failures = [r for w in watches for r in w.failures]
+    record(
+        "2 slow clients (1 byte/s): requests and probes answered",
+        outcomes != [] and good / len(outcomes) >= 0.99 and not failures and not slow.cut,
+        f"{good}/{len(outcomes)} HTTP 200, probe failures {failures[:2]}, slow bytes sent {slow.bytes_sent}",
+    )
+
+
+def overload(pod: Pod, running: Running, request: pod_load.Request) -> None:
+    settings = tomllib.loads(next(d for d in pod.docs if d["kind"] == "ConfigMap")["data"]["onnxpool.toml"])
+    max_queue = settings["limits"]["max_queue_ms"] / 1000
+    single = [pod_load.send("127.0.0.1", running.port, request) for _ in range(10)]
+    service = pod_load.percentile([o.seconds for o in single], 0.5)
+    watches = watching(pod, running)
+    try:
+        for watch in watches:
+            watch.__enter__()
+        outcomes = pod_load.closed_loop("127.0.0.1", running.port, request, connections=32, seconds=5.0)
+    finally:
+        for watch in watches:
+            watch.__exit__()
+    served = [o.seconds for o in outcomes if o.status == 200]
+    shed = [o for o in outcomes if o.status == 503]
+    other = [o for o in outcomes if o.status not in (200, 503)]
+    failures = [r for w in watches for r in w.failures]
+    p99 = pod_load.percentile(served, 0.99)
+    bound = max_queue + 10 * service + 0.25
+    record(
+        "overload (32 connections): shed with Retry-After, probes green, served p99 bounded",
+        bool(shed) and all(o.retry_after == "1" for o in shed) and not other and not failures and p99 <= bound,
+        f"{len(served)} served (p99 {p99 * 1000:.0f} ms, bound {bound * 1000:.0f} ms), {len(shed)} shed, "
+        f"{len(other)} other, probe failures {failures[:2]}",
+    )
 
 
 def drain_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
-    """A slow model (tests/slow_model.py) mounted in: `podman stop` during a ~4 s inference must finish it."""
-    sys.path.insert(0, str(REPO))
+    """A slow model (tests/slow_model.py) mounted in: `podman pod stop` during requests loses none."""
     from tests.slow_model import build_slow_model, infer_body, server_settings  # needs onnx (dev extra)
 
     folder = workdir / "slow"
@@ -374,43 +567,57 @@ def drain_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
     os.chmod(folder, 0o755)
     model = build_slow_model(folder / "slow.onnx")
     os.chmod(model, 0o644)
-    settings = server_settings(Path("/slow/slow.onnx"))
+    settings = {**server_settings(Path("/slow/slow.onnx")), "ONNXPOOL_LIMITS__MAX_QUEUE_MS": "0"}
     extra = ["-v", f"{folder}:/slow:ro", *(arg for k, v in settings.items() for arg in ("-e", f"{k}={v}"))]
-    cid, base, ready = start_container(pod, tag, workdir, extra)
-    if not cid:
+    running = start_pod(pod, tag, workdir, {APP: extra})
+    if running is None:
         return
     try:
-        if not record("slow model ready", ready > 0, f"{ready:.1f} s"):
-            log("container log:\n" + container_log(cid)[-6000:])
+        if not record("slow model ready", running.ready_after > 0, f"{running.ready_after:.1f} s"):
+            dump_logs(running)
             return
-        url = base + f"/v2/models/{settings['ONNXPOOL_MODEL__NAME']}/infer"
+        path = f"/v2/models/{settings['ONNXPOOL_MODEL__NAME']}/infer"
         json_type = {"Content-Type": "application/json"}
+
+        def infer(iterations: int) -> pod_load.Request:
+            return ("POST", path, json.dumps(infer_body(iterations)).encode(), json_type)
+
         t0 = time.monotonic()
-        http("POST", url, json.dumps(infer_body(200_000)).encode(), json_type, timeout=60)
+        pod_load.send("127.0.0.1", running.port, infer(200_000), timeout=60)
         iterations = int(4.0 / max(1e-8, (time.monotonic() - t0) / 200_000))
-        answer: dict[str, Any] = {}
+        answer: dict[str, pod_load.Outcome] = {}
+        stop = threading.Event()
+        loop: list[pod_load.Outcome] = []
 
-        def slow_request() -> None:
-            body = json.dumps(infer_body(iterations)).encode()
-            answer["status"], _ = http("POST", url, body, json_type, timeout=pod.grace)
-            answer["done"] = time.monotonic()
+        def long_one() -> None:
+            answer["inference"] = pod_load.send("127.0.0.1", running.port, infer(iterations), timeout=pod.grace)
 
-        client = threading.Thread(target=slow_request)
-        client.start()
+        def short_loop() -> None:
+            loop.extend(pod_load.closed_loop("127.0.0.1", running.port, infer(1000), 2, pod.grace, stop))
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (long_one, short_loop)]
+        for thread in threads:
+            thread.start()
         time.sleep(1.0)  # inside onnxruntime by now
+        stop.set()  # no new requests from here (the endpoint is gone after preStop); in-flight ones go on
         t_stop = time.monotonic()
-        ok, detail = stop_container(pod, cid)
-        client.join(pod.grace)
-        in_flight = answer.get("done", 0.0) > t_stop
+        ok, detail = stop_pod(pod, running)
+        for thread in threads:
+            thread.join(pod.grace)
+        inference = answer.get("inference")
+        lost = [o for o in loop if o.status != 200]
+        good = ok and inference is not None and inference.status == 200 and bool(loop) and not lost
         record(
-            "drain on podman stop (request in flight)",
-            ok and in_flight and answer.get("status") == 200,
-            f"HTTP {answer.get('status')} {answer.get('done', t_stop) - t_stop:.1f} s after stop began; {detail}",
+            "podman stop of both containers at once during requests: 0 lost",
+            good,
+            f"4 s inference HTTP {inference.status if inference else None} "
+            f"{(inference.seconds if inference else 0) - (t_stop - t0):.1f} s; short loop {len(loop)} in flight, "
+            f"{len(lost)} lost; {detail}",
         )
-        if not (ok and in_flight and answer.get("status") == 200):
-            log("container log:\n" + container_log(cid)[-6000:])
+        if not good:
+            dump_logs(running)
     finally:
-        run([*PODMAN, "rm", "-f", cid], capture_output=True)
+        remove_pod(running)
 
 
 def main() -> int:
@@ -425,6 +632,12 @@ def main() -> int:
         print(f"missing {missing}: apt-get install podman runc mmdebstrap uidmap", file=sys.stderr)
         return 2
     os.chdir(REPO)
+    # The pod's infra (pause) container takes no --ulimit, and runc cannot start it with
+    # podman's default rlimits here: the same limits as --ulimit, as containers.conf defaults.
+    conf = Path(tempfile.mkdtemp(prefix="onnxpool-ci-conf-")) / "containers.conf"
+    limits = ulimits()[1::2]
+    conf.write_text(f'[containers]\ndefault_ulimits = {json.dumps(limits)}\n[engine]\nruntime = "runc"\n')
+    os.environ["CONTAINERS_CONF"] = str(conf)
     t0 = time.monotonic()
     ok = ensure_base(default_base(), opts.rebuild_base)
     if ok and opts.until != "base":

@@ -1,0 +1,100 @@
+"""`onnxpool nginx`: run nginx in the foreground in front of this onnxpool (the pod's second container).
+
+The configuration is written from onnxpool's own settings: the site is the one
+`onnxpool nginx-config` writes for VMs, inside a main configuration whose pid file,
+temp folders and the rendered files all sit beside `[nginx] pidfile` (a writable
+volume; the root stays read-only).
+
+Process rules (why this is a wrapper and not an exec):
+- A container runtime stops a container with SIGTERM, which is nginx's FAST
+  shutdown (connections cut). This process stays as the container's pid 1 and
+  turns SIGTERM into SIGQUIT, nginx's graceful one: stop accepting, finish every
+  request in flight (including bodies still arriving), then exit. SIGINT stays a
+  fast stop; HUP (nginx re-reads the files written at start: settings are not
+  rendered again), USR1 (reopen logs) and QUIT are passed on.
+- nginx deletes its pid file when its master exits; the onnxpool master in the
+  same pod waits for that on its own SIGTERM (launch/drain.py), so gunicorn keeps
+  serving until nginx has nothing left to send it.
+- Exit status is nginx's (128 + signal number if a signal killed it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from onnxpool.config.nginx import render_main, render_site
+from onnxpool.config.settings import Settings
+
+# What the runtime sends -> what nginx gets.
+FORWARD = {
+    signal.SIGTERM: signal.SIGQUIT,  # graceful: the reason this wrapper exists
+    signal.SIGQUIT: signal.SIGQUIT,
+    signal.SIGINT: signal.SIGTERM,  # Ctrl-C: nginx's fast stop
+    signal.SIGHUP: signal.SIGHUP,
+    signal.SIGUSR1: signal.SIGUSR1,
+}
+SITE_FILE = "onnxpool-site.conf"
+MAIN_FILE = "nginx.conf"
+TEMP_FOLDERS = ("body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+def nginx_binary() -> str | None:
+    """nginx from PATH, or Debian's /usr/sbin (often not on a non-root user's PATH)."""
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
+
+
+def write_config(settings: Settings) -> Path:
+    """Render site + main configuration beside [nginx] pidfile; returns the main file's path."""
+    prefix = Path(settings.nginx.pidfile).parent
+    for folder in TEMP_FOLDERS:
+        (prefix / "tmp" / folder).mkdir(parents=True, exist_ok=True)
+    site = prefix / SITE_FILE
+    site.write_text(render_site(settings), encoding="utf-8")
+    main = prefix / MAIN_FILE
+    main.write_text(render_main(settings, site), encoding="utf-8")
+    return main
+
+
+def run_nginx(settings: Settings, binary: str) -> int:
+    """Start nginx on the written configuration, forward signals, return its exit status."""
+    main = write_config(settings)
+    prefix = main.parent
+    argv = [binary, "-p", str(prefix), "-c", str(main), "-e", "stderr"]
+    check = subprocess.run([*argv, "-t", "-q"], check=False, capture_output=True)
+    if check.returncode != 0:
+        sys.stderr.buffer.write(check.stderr)
+        print(f"onnxpool: error: nginx refused the configuration in {main}", file=sys.stderr)
+        return 1
+    # nginx's stdout is a pipe of ours, copied to our stdout: an access log at /dev/stdout is
+    # re-opened by nginx through /proc/self/fd/1, which a non-root nginx may not do when that
+    # is a file or fifo owned by root (the runtime's); a pipe made by this process is its own.
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    copier = threading.Thread(target=_copy, args=(child.stdout, sys.stdout.buffer), daemon=True)
+    copier.start()
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child.poll() is None:
+            os.kill(child.pid, FORWARD[signal.Signals(signum)])
+
+    for signum in FORWARD:
+        signal.signal(signum, forward)
+    returncode = child.wait()
+    copier.join(5)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _copy(source: IO[bytes] | None, target: IO[bytes]) -> None:
+    """Lines from nginx's stdout pipe to ours, until nginx and its workers have closed it."""
+    if source is None:
+        return
+    for line in iter(source.readline, b""):
+        target.write(line)
+        target.flush()
