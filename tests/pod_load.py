@@ -195,3 +195,39 @@ def multipart(field_name: str, filename: str, data: bytes, content_type: str) ->
         f"Content-Type: {content_type}\r\n\r\n"
     ).encode()
     return head + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@dataclass
+class Overload:
+    """A closed loop past the shedding limit, sorted: served (seconds), shed, other replies, probe failures."""
+
+    served: list[float]
+    shed: list[Outcome]
+    other: list[Outcome]
+    failures: list[tuple[float, bool, str]]
+    p99: float
+    bound: float
+    """What the served p99 must stay under: the queue limit, plus the request's own service and a few
+    more (nginx, the load generator and the shed replies share this quota-limited box), plus slack."""
+
+    @property
+    def ok(self) -> bool:
+        return (
+            bool(self.shed)
+            and all(o.retry_after == "1" for o in self.shed)
+            and not self.other
+            and not self.failures
+            and self.p99 <= self.bound
+        )
+
+
+def overload(outcomes: list[Outcome], watches: list[Watch], max_queue: float, service: float) -> Overload:
+    served = [o.seconds for o in outcomes if o.status == 200]
+    return Overload(
+        served=served,
+        shed=[o for o in outcomes if o.status == 503],
+        other=[o for o in outcomes if o.status not in (200, 503)],
+        failures=[r for w in watches for r in w.failures],
+        p99=percentile(served, 0.99),
+        bound=max_queue + 10 * service + 0.25,
+    )

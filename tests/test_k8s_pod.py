@@ -592,14 +592,8 @@ def test_overload_is_shed_and_probes_stay_green(demo_pod: PodRun, capsys: pytest
         for watch in watches:
             stack.enter_context(watch)
         outcomes = pod_load.closed_loop(HOST, run.port, request, connections=64, seconds=8.0)
-    served = [o.seconds for o in outcomes if o.status == 200]
-    shed = [o for o in outcomes if o.status == 503]
-    other = [o for o in outcomes if o.status not in (200, 503)]
-    failures = [r for w in watches for r in w.failures]
-    p99 = pod_load.percentile(served, 0.99)
-    # Bound: the queue limit, plus the request's own service and a few more (nginx, the
-    # load generator and the shed replies share this quota-limited box), plus scheduling slack.
-    bound = max_queue + 10 * service + 0.25
+    v = pod_load.overload(outcomes, watches, max_queue, service)
+    served, shed, other, failures, p99, bound = v.served, v.shed, v.other, v.failures, v.p99, v.bound
     show(
         capsys,
         f"\npod overload: 64 connections for 8 s, max_queue_ms {run.pod.max_queue_ms}, service p50 "

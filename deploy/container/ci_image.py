@@ -544,17 +544,12 @@ def overload(pod: Pod, running: Running, request: pod_load.Request) -> None:
     finally:
         for watch in watches:
             watch.__exit__()
-    served = [o.seconds for o in outcomes if o.status == 200]
-    shed = [o for o in outcomes if o.status == 503]
-    other = [o for o in outcomes if o.status not in (200, 503)]
-    failures = [r for w in watches for r in w.failures]
-    p99 = pod_load.percentile(served, 0.99)
-    bound = max_queue + 10 * service + 0.25
+    v = pod_load.overload(outcomes, watches, max_queue, service)
     record(
         "overload (32 connections): shed with Retry-After, probes green, served p99 bounded",
-        bool(shed) and all(o.retry_after == "1" for o in shed) and not other and not failures and p99 <= bound,
-        f"{len(served)} served (p99 {p99 * 1000:.0f} ms, bound {bound * 1000:.0f} ms), {len(shed)} shed, "
-        f"{len(other)} other, probe failures {failures[:2]}",
+        v.ok,
+        f"{len(v.served)} served (p99 {v.p99 * 1000:.0f} ms, bound {v.bound * 1000:.0f} ms), {len(v.shed)} shed, "
+        f"{len(v.other)} other, probe failures {v.failures[:2]}",
     )
 
 
