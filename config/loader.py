@@ -20,6 +20,8 @@ from onnxpool.config.settings import Settings
 
 ENV_PREFIX = "ONNXPOOL_"
 ENV_CONFIG_FILE = "ONNXPOOL_CONFIG"
+# Not a setting: read CPU flags from this file instead of /proc/cpuinfo (workers/cpu_fit.py).
+ENV_CPUINFO = "ONNXPOOL_CPUINFO"
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # Settings whose values are file paths: relative ones are resolved against the
@@ -141,7 +143,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
     known = set(_schema_keys(Settings))
     found: dict[Key, tuple[str, Any]] = {}
     for var, raw in environ.items():
-        if not var.startswith(ENV_PREFIX) or var == ENV_CONFIG_FILE:
+        if not var.startswith(ENV_PREFIX) or var in (ENV_CONFIG_FILE, ENV_CPUINFO):
             continue
         key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
         if key not in known and not (key[0] == TASK_TABLE and len(key) > 1):

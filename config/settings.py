@@ -194,6 +194,10 @@ class ModelSettings(Section):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     """onnxruntime graph optimisation level."""
 
+    cpu_mismatch: Literal["warn", "refuse"] = "warn"
+    """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
+    line and serve ("warn"), or refuse to start ("refuse")."""
+
     preprocess: PreprocessSettings = PreprocessSettings()
 
     @field_validator("labels", mode="before")

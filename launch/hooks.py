@@ -48,6 +48,7 @@ from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
+from onnxpool.workers.cpu_fit import ModelRecipe
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
 from onnxpool.workers.run_folder import RunFolder
@@ -127,6 +128,7 @@ def configure() -> Serving:
     pool.adopt(generation)
     if _serving is not None:
         log.info("reload: new workers serve the re-read settings and model %s", generation.settings.model.path)
+        _warn_cpu_fit(generation)
     _serving = Serving(pool=pool, generation=generation, app=app)
     return _serving
 
@@ -220,6 +222,7 @@ def on_starting(server: Any) -> None:
     _log_task(s)
     if settings.nginx.pidfile:
         drain.hold_term_for_proxy(server, Path(settings.nginx.pidfile), settings.server.graceful_timeout)
+    _warn_cpu_fit(s.generation)
     log.info("run folder: %s", s.pool.run.path)
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
@@ -237,6 +240,12 @@ def _core_list(cores: tuple[int, ...]) -> str:
     return ",".join(ranges) or "none"
 
 
+def _warn_cpu_fit(generation: Generation) -> None:
+    """One line when the model's INT8 recipe does not fit this CPU (cpu_mismatch = "warn" serves it)."""
+    if not generation.cpu_fit.ok:
+        log.warning("CPU MISMATCH: %s: %s", generation.settings.model.path, generation.cpu_fit.message)
+
+
 def _publish_build_info(s: Serving, workers: int) -> None:
     if s.pool.run.metrics is None:
         return
@@ -247,6 +256,8 @@ def _publish_build_info(s: Serving, workers: int) -> None:
 
     # The version from the package metadata: importing onnxruntime in the master is not allowed.
     metrics.set_build_info(__version__, version("onnxruntime"), workers, s.layout.threads)
+    recipe = ModelRecipe.from_metadata(s.generation.model.metadata_map)
+    metrics.set_model_cpu_fit(s.settings.model.name, recipe.target if recipe else "", s.generation.cpu_fit.label)
 
 
 def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:

@@ -14,11 +14,19 @@ from onnxpool.measure.cli import fail, fraction, positive
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
-    from onnxpool.quantize.pipeline import CALIB_METHODS
+    from onnxpool.quantize.targets import CALIB_METHODS, TARGETS
 
     parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
     parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
+    parser.add_argument(
+        "--target",
+        default="portable",
+        metavar="{" + ",".join(TARGETS) + "}",
+        help="CPUs the model must be right on, and whose int8 kernels judge it: portable (default: AVX2 and "
+        "AVX512-VNNI x86, arm64 if it can be run), avx2, avx512-vnni, host; kernels this CPU does not use "
+        "are judged under qemu-x86_64 (apt-get install qemu-user) where qemu can emulate them",
+    )
     parser.add_argument("--eval", type=Path, help="folder of held-out images (class subfolders = labels)")
     parser.add_argument("--eval-labels", type=Path, help="labels file for --eval: 'file<TAB>class' per line")
     parser.add_argument(
@@ -65,7 +73,9 @@ def quantize_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     try:
-        from onnxpool.quantize.pipeline import QuantizeError, QuantizeOptions, report_path, run_quantize
+        from onnxpool.quantize.errors import QuantizeError
+        from onnxpool.quantize.pipeline import QuantizeOptions, run_quantize, unevaluated
+        from onnxpool.quantize.report import report_path
     except ImportError as exc:
         return fail(f"quantize needs the onnx package ({exc.name} is missing): pip install 'onnxpool[quantize]'")
     labels: tuple[str, ...] = ()
@@ -92,6 +102,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         speed_seconds=args.speed_seconds,
         speed_rounds=args.speed_rounds,
         config_file=args.config,
+        target=args.target,
     )
     # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -103,11 +114,20 @@ def quantize_command(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     acc = report["accuracy"]
     print(f"wrote {args.output} and {report_path(args.output)}")
-    print(
-        f"float layers {len(report['float_layers'])}; on {report['judged_on']}: top-1 agreement "
-        f"{acc['top1_agreement']:.3f} (decisive {acc['decisive_agreement']:.3f} of {acc['decisive_n']}), "
-        f"top-5 overlap {acc['top5_overlap']:.3f}, mean KL {acc['mean_kl']:.4f}"
-    )
+    print(f"target {report['target']}; float layers {len(report['float_layers'])}; judged on {report['judged_on']}:")
+    for name, entry in report["targets"].items():
+        a = entry["accuracy"]
+        if a is None:
+            print(f"  {name}: NOT EVALUATED ({entry['reason']})")
+            continue
+        print(
+            f"  {name} ({entry['judged']}{', ' + entry['command'] if entry['command'] else ''}): top-1 agreement "
+            f"{a['top1_agreement']:.3f} (decisive {a['decisive_agreement']:.3f} of {a['decisive_n']}), "
+            f"top-5 overlap {a['top5_overlap']:.3f}, mean KL {a['mean_kl']:.4f}"
+        )
+    missing = unevaluated(report)
+    if missing:
+        print(f"not evaluated here, so not known to be right there: {'; '.join(missing)}")
     if acc["labelled"]:
         print(
             f"labelled {acc['labelled']}: top-1 FP32 {acc['fp32_top1_accuracy']:.3f} INT8 "

@@ -93,6 +93,13 @@ BUILD_INFO = Gauge(
     ["version", "onnxruntime_version", "workers", "threads_per_worker"],
     multiprocess_mode="max",  # set by the master only
 )
+MODEL_CPU_FIT = Gauge(
+    "onnxpool_model_cpu_fit",
+    "Always 1: the served model's INT8 target (onnxpool quantize --target; empty for other models) and "
+    "whether this CPU fits it: ok, no-vnni (made for VNNI, this CPU lacks it), not-onnxpool.",
+    ["model", "target", "cpu_fit"],
+    multiprocess_mode="max",  # set by the master only
+)
 CACHE_BUCKETS = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.1, 0.25)
 CACHE_EVENTS = Counter(
     "onnxpool_cache_events",
@@ -178,6 +185,19 @@ def set_build_info(version: str, onnxruntime_version: str, workers: int, threads
         BUILD_INFO.labels(*_build_labels).set(0)
     BUILD_INFO.labels(*labels).set(1)
     _build_labels = labels
+
+
+_cpu_fit_labels: tuple[str, ...] | None = None
+
+
+def set_model_cpu_fit(model: str, target: str, cpu_fit: str) -> None:
+    """In the master: publish the model's target and CPU fit (a reload's new values replace the old series)."""
+    global _cpu_fit_labels
+    labels = (model, target, cpu_fit)
+    if _cpu_fit_labels is not None and _cpu_fit_labels != labels:
+        MODEL_CPU_FIT.labels(*_cpu_fit_labels).set(0)
+    MODEL_CPU_FIT.labels(*labels).set(1)
+    _cpu_fit_labels = labels
 
 
 def render() -> tuple[bytes, str]:

@@ -22,6 +22,7 @@ from onnxpool.server.v2codec import (
 )
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.errors import BadRequest, NotFound, Unavailable
+from onnxpool.workers.cpu_fit import cpu_flags, describe
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 blueprint = Blueprint("v2", __name__)
@@ -82,6 +83,8 @@ def model_metadata(model: str, version: str | None = None) -> Response:
             "platform": "onnxruntime_onnx",
             "inputs": [_tensor_metadata(t) for t in info.inputs],
             "outputs": [_tensor_metadata(t) for t in info.outputs],
+            # issue 21: the INT8 recipe inside the model and whether this CPU fits it
+            **({"parameters": {"quantization": q}} if (q := describe(info.metadata_map, cpu_flags())) else {}),
         }
     )
 

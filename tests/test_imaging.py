@@ -1,4 +1,4 @@
-"""server.imaging: real photos in every format and mode, hostile files, and the tensor math.
+"""tasks.image.imaging: real photos in every format and mode, hostile files, and the tensor math.
 
 Variants of the two CC0 photos in models/samples are built in memory; hostile
 files (bombs, truncations, other formats) are built byte by byte.

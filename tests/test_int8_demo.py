@@ -30,6 +30,9 @@ def test_int8_demo_is_served_like_the_float_model(tmp_path: Path) -> None:
     with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, workers=1, config=Path(INT8)) as server:
         meta = requests.get(f"{server.url}/v2/models/{INT8}", timeout=10).json()
         assert meta["inputs"][0]["datatype"] == "FP32" and meta["outputs"][0]["shape"] == [-1, 1000]
+        # made with --target portable: right on this CPU whatever it is (AVX2 or VNNI)
+        q = meta["parameters"]["quantization"]
+        assert (q["target"], q["reduce_range"], q["cpu_fit"]) == ("portable", True, "ok")
         files = {"image": ("cat.jpg", (DATA / "chelsea-cat.jpg").read_bytes(), "image/jpeg")}
         reply = requests.post(f"{server.url}/predict", files=files, params={"top_k": 1}, timeout=30)
         assert reply.status_code == 200, reply.text

@@ -1,4 +1,4 @@
-"""server.postprocess: labels files, stable scores, top-k; and the demo model end to end in-process."""
+"""tasks.image.postprocess: labels files, stable scores, top-k; and the demo model end to end in-process."""
 
 from __future__ import annotations
 

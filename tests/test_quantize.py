@@ -14,15 +14,11 @@ from onnx import TensorProto, helper
 from PIL import Image
 
 from onnxpool.cli import main
-from onnxpool.quantize.pipeline import (
-    Accuracy,
-    choose_reduce_range,
-    compare_logits,
-    has_vnni,
-    parse_cpu_flags,
-    report_path,
-    search_exclusions,
-)
+from onnxpool.quantize.evaluate import Accuracy, compare_logits
+from onnxpool.quantize.report import report_path
+from onnxpool.quantize.search import search_exclusions
+from onnxpool.quantize.targets import host_reduce_range
+from onnxpool.workers.cpu_fit import has_vnni, parse_cpu_flags
 from tests.tiny_models import _save, small_cnn
 
 SIZE = 16
@@ -52,9 +48,13 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def quantize(work: Path, model: str | Path, out: Path, *extra: str) -> int:
-    """`onnxpool quantize` of work/model (or a path) with work's images and settings; extra args win."""
+    """`onnxpool quantize` of work/model (or a path) with work's images and settings; extra args win.
+
+    `--target host` unless given: judged natively, no emulation (tests/test_quantize_targets.py
+    has the other targets)."""
     argv = ["quantize", str(work / model), "--calibration", str(work / "calib"), "-o", str(out)]
-    argv += ["--config", str(work / "settings.toml"), "--quiet", *extra]
+    target = [] if "--target" in extra else ["--target", "host"]
+    argv += ["--config", str(work / "settings.toml"), "--quiet", *target, *extra]
     return main(argv)
 
 
@@ -215,9 +215,9 @@ def test_models_that_cannot_be_quantized(work: Path, tmp_path: Path, capsys: pyt
 def test_recipe_follows_the_cpu() -> None:
     flags = parse_cpu_flags("processor\t: 0\nflags\t\t: fpu sse avx2 avx512_vnni\n\nprocessor\t: 1\nflags : x\n")
     assert flags == frozenset({"fpu", "sse", "avx2", "avx512_vnni"})
-    assert not choose_reduce_range(flags, "x86_64")  # VNNI: no int16 saturation, full 8 bits
-    assert choose_reduce_range(frozenset({"avx2"}), "x86_64")  # AVX2 only: 7-bit weights
-    assert not choose_reduce_range(frozenset(), "aarch64")
+    assert not host_reduce_range(flags, "x86_64")  # VNNI: no int16 saturation, full 8 bits
+    assert host_reduce_range(frozenset({"avx2"}), "x86_64")  # AVX2 only: 7-bit weights
+    assert not host_reduce_range(frozenset(), "aarch64")
 
 
 def _acc(disagreement: float) -> Accuracy:
@@ -271,7 +271,8 @@ def test_search_with_a_kl_bound() -> None:
 
 
 def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
-    from onnxpool.quantize.pipeline import QuantizeError, class_index, read_label_file
+    from onnxpool.quantize.errors import QuantizeError
+    from onnxpool.quantize.images import class_index, read_label_file
 
     labels = tmp_path / "labels.tsv"
     labels.write_text("# file<TAB>class\na.jpg\ttabby\nsub/b.png,3\n")
@@ -287,7 +288,7 @@ def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
 
 def test_grey_level_noise_is_in_normalised_units() -> None:
     from onnxpool.config.settings import PreprocessSettings
-    from onnxpool.quantize.pipeline import grey_level_noise
+    from onnxpool.quantize.evaluate import grey_level_noise
 
     spec = PreprocessSettings(mean=(0.0, 0.0, 0.0), std=(1.0, 2.0, 4.0), scale=1.0)
     images = np.zeros((4, 3, 8, 8), np.float32)
@@ -299,14 +300,15 @@ def test_grey_level_noise_is_in_normalised_units() -> None:
 def test_minmax_mean_ranges_lie_within_minmax_ranges(work: Path, tmp_path: Path) -> None:
     # the mean of per-batch extremes is never outside the extremes of all images, and with
     # batches that differ it is strictly inside for some tensor
-    from onnxpool.quantize.pipeline import MINMAX_BATCH, Recipe, _Reader, calibrate
+    from onnxpool.quantize.calibrate import Reader, calibrate
+    from onnxpool.quantize.targets import MINMAX_BATCH, Recipe
 
     rng = np.random.default_rng(0)
     images = rng.normal(0, 1, (3 * MINMAX_BATCH, 3, SIZE, SIZE)).astype(np.float32)
     images[0] *= 8  # one outlier image in the first batch
     ranges = {}
     for method in ("MinMax", "MinMaxMean"):
-        reader = _Reader("input", images, None, MINMAX_BATCH)
+        reader = Reader("input", images, None, MINMAX_BATCH)
         folder = tmp_path / method
         folder.mkdir()
         ranges[method] = calibrate(work / "plain.onnx", reader, Recipe(calibrate_method=method), folder / "r", folder)

@@ -56,6 +56,12 @@ class ModelInfo:
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    metadata: tuple[tuple[str, str], ...] = ()
+    """The model's `onnxpool.*` metadata_props (the INT8 recipe, workers/cpu_fit.py), sorted."""
+
+    @property
+    def metadata_map(self) -> dict[str, str]:
+        return dict(self.metadata)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -64,13 +70,20 @@ class ModelInfo:
         return next((t for t in self.outputs if t.name == name), None)
 
     def to_dict(self) -> dict[str, object]:
-        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+        return {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "metadata": dict(self.metadata),
+        }
 
     @classmethod
-    def from_dict(cls, data: dict[str, list[dict[str, object]]]) -> ModelInfo:
+    def from_dict(cls, data: dict[str, object]) -> ModelInfo:
+        inputs, outputs, metadata = data["inputs"], data["outputs"], data.get("metadata", {})
+        assert isinstance(inputs, list) and isinstance(outputs, list) and isinstance(metadata, dict)
         return cls(
-            inputs=tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
-            outputs=tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+            inputs=tuple(TensorSpec.from_dict(t) for t in inputs),
+            outputs=tuple(TensorSpec.from_dict(t) for t in outputs),
+            metadata=tuple(sorted((str(k), str(v)) for k, v in metadata.items())),
         )
 
 

@@ -14,12 +14,13 @@ import hashlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
 from onnxpool.workers.cores import Layout, SlotTable, cpu_allowance, plan_layout
+from onnxpool.workers.cpu_fit import CpuFit, ModelRecipe, check_fit, cpu_flags
 from onnxpool.workers.model_info import ModelInfo
 from onnxpool.workers.preflight import ModelError, preflight
 from onnxpool.workers.run_folder import RunFolder
@@ -38,6 +39,8 @@ class Generation:
     layout: Layout
     model_digest: str
     """Digest of the model file's bytes, computed once here (the response cache keys on it)."""
+    cpu_fit: CpuFit = field(default_factory=lambda: CpuFit("not-onnxpool"))
+    """The INT8 recipe inside the model vs this CPU's flags (workers/cpu_fit.py)."""
 
     @property
     def settings(self) -> Settings:
@@ -60,10 +63,18 @@ class Pool:
         """
         settings = loaded.settings
         model, model_file = self._validated_model(settings)
+        # The recipe comes from the preflight subprocess (ModelInfo.metadata), the flags from
+        # /proc/cpuinfo: the master itself never imports onnxruntime (or onnx).
+        fit = check_fit(ModelRecipe.from_metadata(model.metadata_map), cpu_flags())
+        if not fit.ok and settings.model.cpu_mismatch == "refuse":
+            self.run.discard_model(model_file)  # only a copy of the run folder is removed
+            raise ModelError(f"{settings.model.path}: {fit.message}")
         server = settings.server
         layout = plan_layout(cpu_allowance(), server.workers, server.threads_per_worker)
         digest = model_digest(model_file, in_place=not self.run.owns(model_file))
-        return Generation(loaded=loaded, model=model, model_file=model_file, layout=layout, model_digest=digest)
+        return Generation(
+            loaded=loaded, model=model, model_file=model_file, layout=layout, model_digest=digest, cpu_fit=fit
+        )
 
     def adopt(self, generation: Generation) -> None:
         """Make `generation` what new workers get."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from onnxpool.workers.cpu_fit import METADATA_PREFIX
 from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
 
 if TYPE_CHECKING:
@@ -51,10 +52,12 @@ def _dims(shape: Sequence[object]) -> tuple[int, ...]:
 
 
 def model_info_of(session: ort.InferenceSession) -> ModelInfo:
-    """Inputs and outputs of a session, as a ModelInfo."""
+    """Inputs and outputs of a session, as a ModelInfo (with the model's onnxpool.* metadata)."""
+    custom = session.get_modelmeta().custom_metadata_map
     return ModelInfo(
         inputs=tuple(TensorSpec(i.name, i.type, _dims(i.shape)) for i in session.get_inputs()),
         outputs=tuple(TensorSpec(o.name, o.type, _dims(o.shape)) for o in session.get_outputs()),
+        metadata=tuple(sorted((k, v) for k, v in custom.items() if k.startswith(METADATA_PREFIX))),
     )
 
 

@@ -1,0 +1,122 @@
+"""Step 3, calibration and quantization: onnxruntime's calibrator once, `quantize_static` per candidate.
+
+Calibration runs once; every candidate reuses its ranges (a cache file). The recipe's
+identity (target, reduce_range, types, onnxpool version) is written into each model's
+`metadata_props` (workers/cpu_fit.py reads it back when the model is served).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxpool.measure.progress import Progress, bar
+from onnxpool.quantize.images import FloatArray
+from onnxpool.quantize.targets import Recipe, ort_method
+from onnxpool.workers.cpu_fit import ModelRecipe
+
+
+class Reader:
+    """onnxruntime CalibrationDataReader over preprocessed arrays, with a progress bar."""
+
+    def __init__(self, input_name: str, images: FloatArray, progress: Progress | None, batch: int = 16) -> None:
+        self.input_name, self.images, self.progress, self.batch = input_name, images, progress, batch
+        self._it: Iterator[dict[str, FloatArray]] = iter(())
+        self.rewind()
+
+    def _batches(self) -> Iterator[dict[str, FloatArray]]:
+        n = len(self.images)
+        for start in range(0, n, self.batch):
+            if self.progress is not None:
+                self.progress.status(f"calibrating: {bar(start / n)} {start}/{n} images")
+            yield {self.input_name: self.images[start : start + self.batch]}
+
+    def get_next(self) -> dict[str, FloatArray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:
+        self._it = self._batches()
+
+    def set_range(self, start_index: int, end_index: int) -> None:  # part of onnxruntime's reader API
+        pass
+
+
+def calibrate(pre_model: Path, reader: Reader, recipe: Recipe, cache: Path, workdir: Path) -> dict[str, Any]:
+    """Run onnxruntime's calibrator once and store its ranges in `cache` (for every candidate).
+
+    `quantize_static` does not pass `num_bins`/`num_quantized_bins` on: with its defaults the
+    Entropy calibrator has one candidate threshold (the full range), i.e. it is MinMax. So the
+    calibrator is created here, with real bins, and its ranges handed over as a cache.
+    Returns {tensor: (low, high)} for the search's ranking.
+    """
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
+
+    options: dict[str, Any] = {}
+    if recipe.calibrate_method == "MinMaxMean":
+        options = {"moving_average": True}
+    elif recipe.calibrate_method == "Entropy":
+        options = {"num_bins": recipe.num_bins, "num_quantized_bins": recipe.num_quantized_bins}
+    elif recipe.calibrate_method == "Percentile":
+        options = {"num_bins": recipe.num_bins, "percentile": recipe.percentile, "symmetric": False}
+    calibrator = create_calibrator(
+        pre_model,
+        None,
+        augmented_model_path=str(workdir / "augmented.onnx"),
+        calibrate_method=getattr(CalibrationMethod, ort_method(recipe.calibrate_method)),
+        extra_options=options,
+    )
+    reader.rewind()
+    calibrator.collect_data(reader)
+    ranges = calibrator.compute_data()
+    if not isinstance(ranges, TensorsData):
+        raise TypeError(f"unexpected calibration result {type(ranges)}")
+    save_tensors_data(ranges, cache)
+    out: dict[str, Any] = {}
+    for name, value in ranges.data.items():
+        out[name] = (float(np.min(value.range_value[0])), float(np.max(value.range_value[1])))
+    return out
+
+
+def quantize_with(pre_model: Path, out: Path, recipe: Recipe, reader: Reader, cache: Path, version: str = "") -> Path:
+    """`quantize_static` with the recipe and the cached calibration ranges (no re-calibration),
+    then the recipe into the model's metadata_props (so it travels with every copy)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    quantize_static(
+        model_input=str(pre_model),
+        model_output=str(out),
+        calibration_data_reader=reader,
+        quant_format=getattr(QuantFormat, recipe.quant_format),
+        per_channel=recipe.per_channel,
+        reduce_range=recipe.reduce_range,
+        activation_type=getattr(QuantType, recipe.activation_type),
+        weight_type=getattr(QuantType, recipe.weight_type),
+        nodes_to_exclude=list(recipe.excluded),
+        calibrate_method=getattr(CalibrationMethod, ort_method(recipe.calibrate_method)),
+        calibration_cache_path=cache,
+    )
+    model = onnx.load(str(out))
+    stamp = recipe_metadata(recipe, version)
+    kept = [p for p in model.metadata_props if p.key not in stamp]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in stamp.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(out))
+    return out
+
+
+def recipe_metadata(recipe: Recipe, version: str) -> dict[str, str]:
+    """The `onnxpool.*` keys the server reads back (workers/cpu_fit.py)."""
+    return ModelRecipe(
+        target=recipe.target,
+        reduce_range=recipe.reduce_range,
+        activation_type=recipe.activation_type,
+        weight_type=recipe.weight_type,
+        version=version,
+    ).to_metadata()
