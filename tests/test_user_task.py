@@ -69,7 +69,10 @@ def test_a_bad_task_setting_stops_the_start_with_one_line(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("image-classifier", "not a built-in task (image-classification, tabular, tensors, text-embedding, text-classification) nor"),
+        (
+            "image-classifier",
+            "not a built-in task (image-classification, tabular, tensors, text-embedding, text-classification) nor",
+        ),
         ("tests.nowhere:Scorer", "cannot import tests.nowhere: ModuleNotFoundError"),
         ("tests.tiny_models:Scorer", "tests.tiny_models has no Task subclass named Scorer"),
         ("tests.tiny_models:Path", "tests.tiny_models has no Task subclass named Path"),
