@@ -73,7 +73,7 @@ infinity: minilm
 	$(BIN)/python -m benchmarks.infinity setup
 
 # The text-embedding comparison of issue 24 in one run (docs/BENCHMARKS.md, "Text embeddings"):
-# onnxpool vs FastAPI + sentence-transformers vs infinity-emb, ~35 min with the defaults.
+# onnxpool vs FastAPI + sentence-transformers vs infinity-emb, ~36 min with the defaults.
 # TEXT_BENCH_ARGS shortens it, e.g. TEXT_BENCH_ARGS='--rounds 1 --duration 3 --warmup 1'.
 TEXT_BENCH_JSON ?= out/text-bench.json
 bench-text: minilm-check infinity

@@ -12,7 +12,7 @@ onnxpool's venv must not be bent to. Why these steps:
     function 2.13 no longer has) that step fails on a keyword optimum 2 dropped
     (`optimize_with_onnxruntime_only`) and infinity serves the unoptimised graph. So the
     setup runs the same optimisation with optimum 2's API into infinity's cache
-    (HF_HUB_CACHE=.bench/infinity/hf-cache), where infinity then finds and serves it;
+    (HUGGINGFACE_HUB_CACHE=.bench/infinity/hf-cache), where infinity finds and serves it;
   - torchvision is removed if anything pulled it in: with it, importing transformers fails
     with `operator torchvision::nms does not exist` (a torchvision built for another torch);
   - the model folder holds only model.onnx plus the tokenizer and config files: infinity's
@@ -144,6 +144,8 @@ def server_env() -> dict[str, str]:
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_CACHE": str(HF_CACHE),
+        # what infinity reads: huggingface_hub's legacy constant, set from this name only
+        "HUGGINGFACE_HUB_CACHE": str(HF_CACHE),
         "DO_NOT_TRACK": "1",
         "INFINITY_ANONYMOUS_USAGE_STATS": "0",
     }

@@ -55,7 +55,7 @@ def infinity_server(log_dir: Path, startup: float) -> Server:
     if missing:
         raise RuntimeError(f"infinity-emb is not set up: {missing}")
     port = free_port()
-    return start_command(
+    server = start_command(
         infinity.server_argv(port),
         log_dir,
         port,
@@ -65,6 +65,11 @@ def infinity_server(log_dir: Path, startup: float) -> Server:
         timeout=startup,
         cwd=infinity.MODEL_DIR,
     )
+    if "Optimization failed" in server.log():
+        # it would serve the unoptimised graph: not infinity's recommended setup
+        server.stop()
+        raise RuntimeError(f"infinity did not find its optimised graph ({server.log_path}): run the setup again")
+    return server
 
 
 def process_tree(root: int) -> list[int]:
