@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck layers unit bench minilm minilm-check lock clean FORCE
+.PHONY: install run test lint typecheck layers unit bench minilm minilm-check infinity bench-text lock clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
@@ -66,6 +66,19 @@ minilm: install
 minilm-check: minilm
 	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) 'sentence-transformers>=5,<7'
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.minilm_check --model $(MINILM_DIR)
+
+# infinity-emb 0.0.78 in its own venv (.bench/infinity/, git-ignored) and its model folder,
+# for benchmarks/text.py's target (b); see benchmarks/infinity.py for why each step.
+infinity: minilm
+	$(BIN)/python -m benchmarks.infinity setup
+
+# The text-embedding comparison of issue 24 in one run (docs/BENCHMARKS.md, "Text embeddings"):
+# onnxpool vs FastAPI + sentence-transformers vs infinity-emb, ~36 min with the defaults.
+# TEXT_BENCH_ARGS shortens it, e.g. TEXT_BENCH_ARGS='--rounds 1 --duration 3 --warmup 1'.
+TEXT_BENCH_JSON ?= out/text-bench.json
+bench-text: minilm-check infinity
+	$(BIN)/python -m pip install --quiet -e '.[baseline]' --config-settings editable_mode=strict
+	$(BIN)/python -m benchmarks.text --start-all --json $(TEXT_BENCH_JSON) $(TEXT_BENCH_ARGS)
 
 # The container image's Python dependencies, pinned with hashes (`pip install --require-hashes`
 # in the Dockerfile), resolved from setup.cfg's ranges by uv against PyPI itself (UV_NO_CONFIG:

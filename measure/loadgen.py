@@ -35,12 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from onnxpool.measure.cycle import RequestCycle
 from onnxpool.measure.payloads import PreparedRequest
 from onnxpool.measure.rawhttp import RawConnection, wire_bytes
 from onnxpool.measure.repeats import RepeatWorkload
 
-Workload = PreparedRequest | RepeatWorkload
-"""One request sent again and again, or a stream of requests with repeats (`bench.repeats`)."""
+Workload = PreparedRequest | RepeatWorkload | RequestCycle
+"""One request sent again and again, a stream of requests with repeats (`bench.repeats`), or a cycle of requests."""
 
 # Exceptions after which a reused keep-alive connection is retried once on a
 # fresh one: the server may close an idle connection between two requests.
@@ -211,6 +212,8 @@ def _drive(
 def _wires(request: Workload, host: str, port: int, connection: int, step: str) -> Iterator[bytes]:
     if isinstance(request, PreparedRequest):
         return itertools.repeat(wire_bytes(request, host, port))
+    if isinstance(request, RequestCycle):
+        return request.wires(host, port, connection)
     return request.wires(host, port, connection, step)
 
 
