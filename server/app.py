@@ -53,17 +53,13 @@ def _handle_http_exception(exc: HTTPException) -> Response:
         message = f"method {request.method} is not allowed on {request.path}"
     elif status == 404:
         message = f"no route {request.path}"
-    error = OnnxpoolError(message, headers=headers)
-    error.status = status
-    return _render(error)
+    return _render(OnnxpoolError(message, headers=headers, status=status))
 
 
 def _handle_unexpected(exc: Exception) -> Response:
     # A bug, not bad input: log it whole, answer a JSON 500, keep the worker alive.
     log.exception("unhandled error on %s %s", request.method, request.path)
-    error = OnnxpoolError("internal server error")
-    error.status = 500
-    return _render(error)
+    return _render(OnnxpoolError("internal server error", status=500))
 
 
 @dataclass(frozen=True)

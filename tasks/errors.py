@@ -13,10 +13,12 @@ class OnnxpoolError(Exception):
 
     status: int = 400
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.headers: dict[str, str] = headers or {}
+        if status is not None:  # an HTTP-layer error (404, 405, 500) rendered through the same handler
+            self.status = status
 
 
 class BadRequest(OnnxpoolError):

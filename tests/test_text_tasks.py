@@ -211,3 +211,19 @@ def test_text_classification_answers_like_tei(classifier: Server) -> None:
         assert reply.status_code == 400 and message in reply.json()["error"], reply.text
     cut = classify(classifier, {"inputs": ["a " * 60], "truncate": True})
     assert cut.status_code == 200
+
+
+def test_an_output_that_is_not_the_tasks_is_refused_at_start(tmp_path: Path) -> None:
+    from onnxpool.config.loader import load_settings
+    from onnxpool.tasks.api import TaskConfigError
+    from onnxpool.tasks.registry import build_task
+    from onnxpool.workers.model_info import ModelInfo, TensorSpec
+
+    folder = build_text_model_folder(tmp_path / "model")
+    loaded = load_settings(settings_file(folder, "text-embedding", 'output = "pooled"\n'), environ={})
+    ids = TensorSpec("input_ids", "tensor(int64)", (-1, -1))
+    model = ModelInfo(inputs=(ids,), outputs=(TensorSpec("pooled", "tensor(float)", (-1, 16)),))
+    with pytest.raises(
+        TaskConfigError, match=r"task.output = 'pooled': not a token-embedding \[batch, tokens, width\]"
+    ):
+        build_task(loaded, model)

@@ -30,7 +30,7 @@ from onnxpool.tasks.text.tokenizing import (
     configure_threads,
     model_max_length,
 )
-from onnxpool.workers.model_info import ModelInfo
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 
 class TextSettings(TaskSettings):
@@ -78,6 +78,14 @@ class TextTask(Task[InputsT, OptionsT]):
                 f"and optionally {', '.join(KNOWN_INPUTS[1:])}"
             )
         self.tokenizer.input_names = names  # feed exactly the model's inputs
+
+    def output_of(self, model: ModelInfo, name: str, shape: str) -> TensorSpec:
+        """The model output `task.output` names, of the rank `shape` describes (e.g. "[batch, classes]")."""
+        output = model.output(name)
+        if output is None or len(output.shape) != shape.count(",") + 1:
+            known = ", ".join(f"{t.name} {list(t.shape)}" for t in model.outputs)
+            raise TaskConfigError(f"task.output = {name!r}: not a {shape} output of the model (outputs: {known})")
+        return output
 
     def start_in_worker(self, cores: int) -> None:
         configure_threads(cores)  # before this process's first encode (tokenizing.py says why)

@@ -85,14 +85,7 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
 
     def check(self, model: ModelInfo) -> None:
         super().check(model)
-        output = model.output(self.options.output)
-        if output is None or len(output.shape) != 2:
-            known = ", ".join(f"{t.name} {list(t.shape)}" for t in model.outputs)
-            raise TaskConfigError(
-                f"task.output = {self.options.output!r}: not a logits output [batch, classes] of the model "
-                f"(outputs: {known})"
-            )
-        classes = output.shape[1]
+        classes = self.output_of(model, self.options.output, "logits [batch, classes]").shape[1]
         if self.labels is not None and classes > 0 and classes != len(self.labels):
             raise TaskConfigError(
                 f"task text-classification: {len(self.labels)} labels but the model has {classes} classes"

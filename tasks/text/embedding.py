@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Runner, TaskConfigError
+from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Runner
 from onnxpool.tasks.errors import BadRequest, OnnxpoolError
 from onnxpool.tasks.text.base import TextTask
 from onnxpool.tasks.text.openai_schema import (
@@ -70,14 +70,7 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
 
     def check(self, model: ModelInfo) -> None:
         super().check(model)
-        output = model.output(self.options.output)
-        if output is None or len(output.shape) != 3:
-            known = ", ".join(f"{t.name} {list(t.shape)}" for t in model.outputs)
-            raise TaskConfigError(
-                f"task.output = {self.options.output!r}: not a token-embedding output [batch, tokens, width] of "
-                f"the model (outputs: {known})"
-            )
-        self.width = output.shape[2]
+        self.width = self.output_of(model, self.options.output, "token-embedding [batch, tokens, width]").shape[2]
 
     def read(self, request: RequestParts) -> EmbeddingsRequest:
         try:
