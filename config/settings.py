@@ -194,6 +194,12 @@ class ModelSettings(Section):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     """onnxruntime graph optimisation level."""
 
+    memory_arena: Literal["auto", "keep", "release"] = "auto"
+    """onnxruntime's memory arena: "keep" holds the largest run's memory for the next run (fastest
+    for fixed shapes); "release" shrinks it after every run (inputs of varying length: text
+    models' arenas otherwise stay at the size of the longest request ever, ~70-85 MB per worker
+    for MiniLM); "auto": release when an input has a dynamic dimension besides the batch."""
+
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""

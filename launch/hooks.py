@@ -294,6 +294,7 @@ def post_fork(server: Any, worker: Any) -> None:
         optimization=model.graph_optimization_level,
         warmup_runs=model.warmup_runs,
         heartbeat=worker.notify,
+        memory_arena=model.memory_arena,
     )
     from onnxpool.server.app import open_in_worker
 
@@ -303,12 +304,13 @@ def post_fork(server: Any, worker: Any) -> None:
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
     log.info(
-        "worker ready: slot=%d pid=%d cores=%s threads=%d model load %.0f ms, warm-up %d runs "
+        "worker ready: slot=%d pid=%d cores=%s threads=%d arena=%s model load %.0f ms, warm-up %d runs "
         "(first %.1f ms, last %.1f ms)",
         slot,
         os.getpid(),
         cores,
         RUNTIME.intra_op_threads,
+        "released after each run" if RUNTIME.releases_arena else "kept",
         report.load_seconds * 1000,
         len(runs),
         runs[0] * 1000 if runs else 0.0,

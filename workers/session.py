@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -119,6 +119,22 @@ def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], No
     return times
 
 
+ArenaMode = Literal["auto", "keep", "release"]
+
+
+def releases_arena(mode: ArenaMode, info: ModelInfo) -> bool:
+    """Should each run give its arena memory back? (`[model] memory_arena`)
+
+    onnxruntime's CPU arena grows to the largest run and keeps that memory for the next one.
+    With fixed shapes every run needs the same, so keeping it is free speed. With a dynamic
+    dimension besides the batch (tokens), one long request would pin its memory in every
+    worker for good: "auto" releases it then.
+    """
+    if mode != "auto":
+        return mode == "release"
+    return any(d < 0 for spec in info.inputs for d in spec.shape[1:])
+
+
 class SessionRuntime:
     """The process's one session behind a lock.
 
@@ -133,6 +149,8 @@ class SessionRuntime:
         self._lock = threading.Lock()
         self.intra_op_threads = 0
         self.warmup: WarmupReport | None = None
+        self.releases_arena = False
+        self._run_options: ort.RunOptions | None = None
 
     def load(
         self,
@@ -143,14 +161,24 @@ class SessionRuntime:
         optimization: str = "all",
         warmup_runs: int = 3,
         heartbeat: Callable[[], None] | None = None,
+        memory_arena: ArenaMode = "keep",
     ) -> WarmupReport:
         """Build the session and warm it up; the runtime is ready when this returns."""
+        import onnxruntime as ort  # in the worker, after fork (module comment above)
+
         start = time.perf_counter()
         session = build_session(model_path, intra_op_threads, spin, optimization)
         load_seconds = time.perf_counter() - start
         runs = warm_up(session, warmup_runs, heartbeat)
+        info = model_info_of(session)
+        release = releases_arena(memory_arena, info)
+        run_options = None
+        if release:
+            run_options = ort.RunOptions()
+            run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         with self._lock:
-            self._session, self._info = session, model_info_of(session)
+            self._session, self._info = session, info
+            self._run_options, self.releases_arena = run_options, release
             self.intra_op_threads = intra_op_threads
             self.warmup = WarmupReport(load_seconds, tuple(runs))
         return self.warmup
@@ -172,7 +200,7 @@ class SessionRuntime:
             raise RuntimeError("model is not loaded in this process")
         names = list(output_names) if output_names else [o.name for o in info.outputs]
         with self._lock:
-            results = session.run(names, dict(feeds))
+            results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
 
 
