@@ -73,7 +73,7 @@ def onnxpool_embeddings(texts: list[str], folder: Path, threads: int = 1) -> tup
         (hidden,) = session.run([options.output], feeds)
         return np.asarray(hidden)
 
-    vectors = embed_batch(encoded, run, task.pooling, batch_size=task.sub_batch)
+    vectors = embed_batch(encoded, run, task.pooling, batch_size=task.sub_batch, max_tokens=task.sub_batch_tokens)
     return vectors, encoded.lengths, task.tokenizer.count_tokens(texts)
 
 

@@ -18,7 +18,7 @@ def test_minilm_toml_task_table_is_valid() -> None:
     options = TextEmbeddingOptions.model_validate(document["task"])
     assert options.pooling == "auto" and options.normalize == "auto" and options.max_length == "auto"
     assert options.truncate is False and options.dimensions is False
-    assert options.sub_batch == 8 and options.max_batch == 2048
+    assert options.sub_batch == 8 and options.max_batch == 2048 and options.sub_batch_tokens == 512
 
 
 def test_defaults_and_refusals() -> None:

@@ -51,6 +51,8 @@ def test_alone_batched_and_sub_batched_agree(folder: Path, session: ort.Inferenc
     assert one_batch.shape == (len(TEXTS), HIDDEN) and one_batch.dtype == np.float32
     np.testing.assert_allclose(one_batch, alone, atol=2e-5)
     np.testing.assert_allclose(sub_batched, alone, atol=2e-5)
+    capped = embed_batch(encoded, runner(session), task.pooling, batch_size=8, max_tokens=int(encoded.lengths.max()))
+    np.testing.assert_allclose(capped, alone, atol=2e-5)
     assert np.allclose(np.linalg.norm(one_batch, axis=1), 1.0, atol=1e-5)  # modules.json lists Normalize
     assert len({row.tobytes() for row in one_batch}) == len(TEXTS)  # different inputs, different vectors
 

@@ -45,6 +45,9 @@ class TextSettings(TaskSettings):
     """Inputs per request."""
     sub_batch: int = Field(default=8, ge=0)
     """Run a request length-sorted in sub-batches of this many inputs; 0 = one padded batch."""
+    sub_batch_tokens: int = Field(default=512, ge=0)
+    """A sub-batch's padded tokens at most (inputs x its longest; one input always fits), so a run's
+    memory stays bounded: attention grows with inputs x length^2. 0 = no cap."""
 
 
 OptionsT = TypeVar("OptionsT", bound=TextSettings)
@@ -103,7 +106,7 @@ class TextTask(Task[InputsT, OptionsT]):
         self, encoded: EncodedBatch, runner: Runner, output: str, per_batch: Callable[[np.ndarray, EncodedBatch], Any]
     ) -> np.ndarray:
         """`per_batch(model output, sub-batch)` for each length-sorted sub-batch, rows back in input order."""
-        plan = plan_sub_batches(encoded.lengths, self.options.sub_batch or None)
+        plan = plan_sub_batches(encoded.lengths, self.options.sub_batch or None, self.options.sub_batch_tokens or None)
         results = []
         for rows in plan.batches:
             with runner.phase("decode"):

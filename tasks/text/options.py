@@ -45,6 +45,10 @@ class TextEmbeddingTask:
     def sub_batch(self) -> int | None:
         return self.options.sub_batch or None
 
+    @property
+    def sub_batch_tokens(self) -> int | None:
+        return self.options.sub_batch_tokens or None
+
 
 def resolve(
     options: TextEmbeddingOptions, folder: Path, input_names: tuple[str, ...] = KNOWN_INPUTS

@@ -25,10 +25,11 @@ def embed_batch(
     *,
     batch_size: int | None = 8,
     dimensions: int | None = None,
+    max_tokens: int | None = None,
 ) -> np.ndarray:
     """Embeddings [N, D'] float32 in input order: length-sorted sub-batches of `batch_size`
     (None = one padded batch), pooled and normalised as `spec` says, cut to `dimensions`."""
-    plan = plan_sub_batches(encoded.lengths, batch_size)
+    plan = plan_sub_batches(encoded.lengths, batch_size, max_tokens)
     results = []
     for rows in plan.batches:
         part = encoded.select(rows)
