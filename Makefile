@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck layers unit bench minilm minilm-check infinity bench-text lock clean FORCE
+.PHONY: install run test lint typecheck layers unit bench minilm minilm-check minilm-int8 infinity bench-text lock clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
@@ -66,6 +66,16 @@ minilm: install
 minilm-check: minilm
 	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) 'sentence-transformers>=5,<7'
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.minilm_check --model $(MINILM_DIR)
+
+# The INT8 variant (models/minilm/model-int8.onnx + .quantize.json; `onnxpool serve --config
+# minilm-int8`): `onnxpool quantize --target portable`, dynamic INT8 with 7-bit weights, the
+# recipe searched on half of benchmarks/text_sentences.py's 240 sentences and judged on the
+# other half, natively and (apt-get install qemu-user) on emulated AVX2 kernels: ~5 min.
+minilm-int8: minilm
+	$(BIN)/python -m benchmarks.text_sentences --split $(MINILM_DIR)
+	$(BIN)/onnxpool quantize --config minilm --target portable --min-cosine 0.99 \
+		--calibration $(MINILM_DIR)/search-sentences.json --eval $(MINILM_DIR)/eval-sentences.json \
+		-o $(MINILM_DIR)/model-int8.onnx
 
 # infinity-emb 0.0.78 in its own venv (.bench/infinity/, git-ignored) and its model folder,
 # for benchmarks/text.py's target (b); see benchmarks/infinity.py for why each step.

@@ -67,7 +67,8 @@ def agreement(photos: Path, int8: Path) -> dict[str, Any]:
     threads = len(usable_cores())
     ref = run_logits(build_session(DEMO_MODEL, threads), images.arrays)
     out: dict[str, Any] = {"photos": images.describe(), "int8_model": str(int8), "reference": "FP32, native"}
-    native = run_logits(build_session(int8, threads), images.arrays)
+    session = build_session(int8, threads)
+    native = run_logits(session, images.arrays)
     out["native"] = {"cpu_flags": sorted(f for f in cpu_flags() if "vnni" in f or f.startswith("avx"))}
     out["native"].update(asdict(compare_logits(ref, native, images.labels)))
     qemu = find_qemu()
@@ -77,7 +78,8 @@ def agreement(photos: Path, int8: Path) -> dict[str, Any]:
     command = (qemu, "-cpu", str(AVX2.qemu_cpu))
     print(f"INT8 on AVX2 kernels under {' '.join(command)} ({len(images.names)} photos) ...", file=sys.stderr)
     t0 = time.perf_counter()
-    emulated = emulated_logits(command, int8, images.arrays, threads, lambda text: print(text, file=sys.stderr))
+    name = session.get_inputs()[0].name
+    emulated = emulated_logits(command, int8, name, images.arrays, threads, lambda text: print(text, file=sys.stderr))
     out["avx2"] = {"command": " ".join(command), "seconds": round(time.perf_counter() - t0, 1)}
     out["avx2"].update(asdict(compare_logits(ref, emulated, images.labels)))
     out["avx2_equals_native_bit_for_bit"] = bool((emulated == native).all())

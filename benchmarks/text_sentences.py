@@ -10,7 +10,10 @@ limit of 256, so truncation is exercised too).
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+from pathlib import Path
 
 SEED = 24
 
@@ -116,3 +119,21 @@ def sentences() -> list[str]:
     while len(items) < 240:
         items.append(_long(rng, rng.randint(1, 60)))
     return items
+
+
+def split(folder: Path) -> tuple[Path, Path]:
+    """The 240 sentences as two JSON files for `onnxpool quantize` of a text model: the even
+    ones to choose the recipe on (search-sentences.json), the odd ones held out to judge it
+    (eval-sentences.json). Both halves have every kind of string and length."""
+    items = sentences()
+    search, held_out = folder / "search-sentences.json", folder / "eval-sentences.json"
+    search.write_text(json.dumps(items[0::2], ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    held_out.write_text(json.dumps(items[1::2], ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    return search, held_out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=split.__doc__)
+    parser.add_argument("--split", type=Path, required=True, metavar="FOLDER")
+    for written in split(parser.parse_args().split):
+        print(written)

@@ -50,6 +50,8 @@ class LimitPlan:
     spin: bool = False
     optimization: str = "all"
     image: bytes | None = None
+    feeds: Path | None = None
+    """An .npz of the inputs to run (e.g. tokenized sentences) instead of random ones of the model's shape."""
     preprocess: PreprocessSettings = field(default_factory=PreprocessSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
 
@@ -102,6 +104,11 @@ def _feeds(session: Any, batch: int) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _saved_feeds(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {name: data[name] for name in data.files}
+
+
 def _limit_worker(plan: LimitPlan, slot: int, window: Any, go: Any, results: Any) -> None:
     """One pinned process: build the session HERE (after start), warm up, then run until the window ends."""
     cores = plan.layout.core_share_for(slot)
@@ -110,7 +117,7 @@ def _limit_worker(plan: LimitPlan, slot: int, window: Any, go: Any, results: Any
 
     session = build_session(plan.model_path, plan.layout.threads, plan.spin, plan.optimization)
     warm_up(session, 3)
-    feeds = _feeds(session, plan.batch)
+    feeds = _feeds(session, plan.batch) if plan.feeds is None else _saved_feeds(plan.feeds)
     run_once = _runner(plan, session, feeds)
     run_once()
     results.put(("ready", slot))

@@ -84,7 +84,6 @@ def calibrate(pre_model: Path, reader: Reader, recipe: Recipe, cache: Path, work
 def quantize_with(pre_model: Path, out: Path, recipe: Recipe, reader: Reader, cache: Path, version: str = "") -> Path:
     """`quantize_static` with the recipe and the cached calibration ranges (no re-calibration),
     then the recipe into the model's metadata_props (so it travels with every copy)."""
-    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     quantize_static(
@@ -100,6 +99,13 @@ def quantize_with(pre_model: Path, out: Path, recipe: Recipe, reader: Reader, ca
         calibrate_method=getattr(CalibrationMethod, ort_method(recipe.calibrate_method)),
         calibration_cache_path=cache,
     )
+    return stamp_recipe(out, recipe, version)
+
+
+def stamp_recipe(out: Path, recipe: Recipe, version: str) -> Path:
+    """Write the recipe's `onnxpool.*` keys into the model file's metadata_props (replacing old ones)."""
+    import onnx
+
     model = onnx.load(str(out))
     stamp = recipe_metadata(recipe, version)
     kept = [p for p in model.metadata_props if p.key not in stamp]

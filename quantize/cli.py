@@ -9,6 +9,7 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from onnxpool.measure.cli import fail, fraction, positive
 
@@ -17,7 +18,12 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     from onnxpool.quantize.targets import CALIB_METHODS, TARGETS
 
     parser.add_argument("model", nargs="?", type=Path, help="float ONNX file (default: [model].path of the config)")
-    parser.add_argument("--calibration", type=Path, required=True, help="folder of calibration images")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        help="image models: folder of calibration images (required); text-embedding models: sentences the "
+        "search chooses on (a JSON array of strings, or one per line; default: the --eval ones)",
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="the INT8 .onnx file to write")
     parser.add_argument(
         "--target",
@@ -27,7 +33,18 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
         "AVX512-VNNI x86, arm64 if it can be run), avx2, avx512-vnni, host; kernels this CPU does not use "
         "are judged under qemu-x86_64 (apt-get install qemu-user) where qemu can emulate them",
     )
-    parser.add_argument("--eval", type=Path, help="folder of held-out images (class subfolders = labels)")
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        help="held-out images (a folder; class subfolders = labels), or for a text-embedding model held-out "
+        "sentences (required: a JSON array of strings, or one per line)",
+    )
+    parser.add_argument(
+        "--min-cosine",
+        type=fraction,
+        default=0.99,
+        help="text-embedding models: the least mean cosine of INT8 to FP32 embeddings (default 0.99)",
+    )
     parser.add_argument("--eval-labels", type=Path, help="labels file for --eval: 'file<TAB>class' per line")
     parser.add_argument(
         "--max-disagreement",
@@ -78,6 +95,14 @@ def quantize_command(args: argparse.Namespace) -> int:
         from onnxpool.quantize.report import report_path
     except ImportError as exc:
         return fail(f"quantize needs the onnx package ({exc.name} is missing): pip install 'onnxpool[quantize]'")
+    if settings.model.task == "text-embedding":
+        return _quantize_text(args, settings)
+    if settings.model.task.startswith("text-"):
+        return fail(
+            f"quantize makes image-classification and text-embedding models; [model] task is {settings.model.task!r}"
+        )
+    if args.calibration is None:
+        return fail("--calibration DIR (a folder of calibration images) is required for an image model")
     labels: tuple[str, ...] = ()
     if settings.model.labels is not None and Path(settings.model.labels).is_file():
         labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
@@ -133,6 +158,62 @@ def quantize_command(args: argparse.Namespace) -> int:
             f"labelled {acc['labelled']}: top-1 FP32 {acc['fp32_top1_accuracy']:.3f} INT8 "
             f"{acc['int8_top1_accuracy']:.3f}; top-5 FP32 {acc['fp32_top5_accuracy']:.3f} "
             f"INT8 {acc['int8_top5_accuracy']:.3f}"
+        )
+    if report["speed"] is not None:
+        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
+    return 0
+
+
+def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
+    """A text-embedding model ([model] task of the --config): dynamic INT8, judged by cosine."""
+    from pydantic import ValidationError
+
+    from onnxpool.measure.progress import Progress
+    from onnxpool.quantize.errors import QuantizeError
+    from onnxpool.quantize.report import report_path
+    from onnxpool.quantize.text import TextQuantizeOptions, run_quantize_text
+    from onnxpool.tasks.text.options import TextEmbeddingOptions
+
+    if args.eval is None:
+        return fail("--eval FILE (held-out sentences: a JSON array of strings, or one per line) is required")
+    try:
+        task = TextEmbeddingOptions.model_validate(settings.task)
+    except ValidationError as exc:
+        return fail(f"[task] of {args.config}: {exc.errors()[0]['msg']}")
+    options = TextQuantizeOptions(
+        model=args.model or Path(settings.model.path),
+        output=args.output,
+        task=task,
+        eval=args.eval,
+        search=args.calibration,
+        min_cosine=args.min_cosine,
+        max_float=args.max_float,
+        exclude=tuple(args.exclude),
+        speed_seconds=args.speed_seconds,
+        speed_rounds=args.speed_rounds,
+        config_file=args.config,
+        target=args.target,
+    )
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = run_quantize_text(options, Progress(enabled=not args.quiet))
+    except QuantizeError as exc:
+        return fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"wrote {args.output} and {report_path(args.output)}")
+    print(
+        f"target {report['target']}; float MatMuls {len(report['float_layers'])}; {report['sentences']['judged_on']}:"
+    )
+    for name, entry in report["targets"].items():
+        sim = entry["similarity"]
+        if sim is None:
+            print(f"  {name}: NOT EVALUATED ({entry['reason']})")
+            continue
+        print(
+            f"  {name} ({entry['judged']}{', ' + entry['command'] if entry['command'] else ''}): mean cosine "
+            f"{sim['mean_cosine']:.4f} (min {sim['min_cosine']:.4f}) on {sim['n']} sentences, top-10 retrieval "
+            f"overlap {sim['retrieval_top10_overlap']:.3f}"
         )
     if report["speed"] is not None:
         print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")

@@ -1,11 +1,12 @@
 """Logits of a model on kernels this CPU does not use: onnxruntime under qemu's user-mode emulator.
 
-`qemu-x86_64 -cpu Haswell python -m onnxpool.quantize.emulate MODEL IMAGES.npy OUT.npy` runs the
+`qemu-x86_64 -cpu Haswell python -m onnxpool.quantize.emulate MODEL ITEMS.npz OUT.npz` runs the
 whole Python process on an emulated AVX2 CPU without AVX512 or VNNI, so onnxruntime's CPU
 detection picks its AVX2 kernels and the numbers are those an AVX2 server computes (checked:
 `-cpu Haswell` and `-cpu Skylake-Client` agree bit for bit and differ from this VNNI host).
-It is slow (~1-2 s per 224x224 EfficientNet-Lite0 image), so the images are split over the
-usable cores, one emulated process each, with a progress bar and an estimate of the time left.
+It is slow (~1-2 s per 224x224 EfficientNet-Lite0 image), so the items (one run's feeds each:
+an image, or a sub-batch of tokenized sentences) are split over the usable cores, one
+emulated process each, with a progress bar and an estimate of the time left.
 
 The child part (`main`) builds its session as the server does (`workers.session.build_session`,
 one thread) and imports little else: everything it imports is emulated.
@@ -30,19 +31,41 @@ from onnxpool.quantize.errors import QuantizeError
 QEMU_NOISE = "qemu-x86_64: warning:"  # TCG lists CPUID bits it cannot emulate (pcid, x2apic...): not ours
 
 
+Feeds = dict[str, np.ndarray]
+
+
 def emulated_logits(
     command: Sequence[str],
     model: Path,
+    input_name: str,
     images: np.ndarray,
     processes: int,
     status: Callable[[str], None] | None = None,
     what: str = "emulated",
 ) -> np.ndarray:
-    """Run `model` on `images` under `command` (qemu-x86_64 -cpu MODEL), split over `processes`.
+    """The model's first output for each image ([N, ...] -> [N, -1]), one image per run."""
+    items = [{input_name: images[i : i + 1]} for i in range(len(images))]
+    outs = emulated_outputs(command, model, items, processes, status, what, "images")
+    return np.concatenate(outs).reshape(len(images), -1).astype(np.float32)
 
-    `status(text)` receives progress lines (a bar, images done, minutes left).
+
+def emulated_outputs(
+    command: Sequence[str],
+    model: Path,
+    items: Sequence[Feeds],
+    processes: int,
+    status: Callable[[str], None] | None = None,
+    what: str = "emulated",
+    unit: str = "runs",
+    output: str | None = None,
+) -> list[np.ndarray]:
+    """Run `model` once per item of `items` (feeds by input name) under `command` (qemu-x86_64
+    -cpu MODEL), split over `processes`; the output named `output` (default: the first) of
+    each run, in order.
+
+    `status(text)` receives progress lines (a bar, items done, minutes left).
     """
-    n = len(images)
+    n = len(items)
     chunks = [c for c in np.array_split(np.arange(n), max(1, min(processes, n))) if len(c)]
     with tempfile.TemporaryDirectory(prefix="onnxpool-emulate-") as tmp:
         work = Path(tmp)
@@ -53,9 +76,20 @@ def emulated_logits(
         start = time.perf_counter()
         try:
             for k, chunk in enumerate(chunks):
-                np.save(work / f"in{k}.npy", images[chunk])
+                save_arrays(
+                    work / f"in{k}.npz",
+                    {f"{j}{SEP}{name}": value for j, i in enumerate(chunk) for name, value in items[int(i)].items()},
+                )
                 proc = subprocess.Popen(
-                    [*command, sys.executable, "-m", "onnxpool.quantize.emulate", str(model), *_files(work, k)],
+                    [
+                        *command,
+                        sys.executable,
+                        "-m",
+                        "onnxpool.quantize.emulate",
+                        str(model),
+                        *_files(work, k),
+                        *([output] if output else []),
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -86,13 +120,14 @@ def emulated_logits(
                     total = sum(done)
                     elapsed = time.perf_counter() - start
                     left = f", ~{elapsed / total * (n - total) / 60:.1f} min left" if total else ", starting"
-                    status(f"{what}: {bar(total / n)} {total}/{n} images{left}")
-            out = []
+                    status(f"{what}: {bar(total / n)} {total}/{n} {unit}{left}")
+            out: list[np.ndarray] = []
             for k, proc in enumerate(procs):
                 if proc.wait() != 0:
                     last = errors[k][-1] if errors[k] else f"exit code {proc.returncode}"
                     raise QuantizeError(f"{what}: the emulated run ({' '.join(command)}) failed: {last}")
-                out.append(np.load(work / f"out{k}.npy"))
+                with np.load(work / f"out{k}.npz") as results:
+                    out.extend(results[str(j)] for j in range(len(chunks[k])))
         finally:
             for proc in procs:  # Ctrl-C or an error: stop exactly the processes started here
                 if proc.poll() is None:
@@ -101,26 +136,37 @@ def emulated_logits(
                 if proc.stderr is not None:
                     proc.stderr.close()
             selector.close()
-    return np.concatenate(out).reshape(n, -1).astype(np.float32)
+    return out
+
+
+SEP = "/"  # item index / input name, the keys of the child's input file
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez with names from data (numpy's stubs would read a key `allow_pickle` as its flag)."""
+    np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
 def _files(work: Path, k: int) -> list[str]:
-    return [str(work / f"in{k}.npy"), str(work / f"out{k}.npy")]
+    return [str(work / f"in{k}.npz"), str(work / f"out{k}.npz")]
 
 
 def main(argv: list[str]) -> int:
-    """Child: MODEL IMAGES.npy OUT.npy; one image per run (one thread), a progress line after each."""
+    """Child: MODEL ITEMS.npz OUT.npz [OUTPUT]; one run per item (one thread), a progress line after each."""
     from onnxpool.workers.session import build_session  # the server's own session options
 
-    model, images_file, out_file = argv
+    model, items_file, out_file, *wanted = argv
     session = build_session(Path(model), 1)
-    name = session.get_inputs()[0].name
-    images = np.load(images_file)
-    outs = []
-    for i in range(len(images)):
-        outs.append(np.asarray(session.run(None, {name: images[i : i + 1]})[0], dtype=np.float32))
-        print(f"progress {i + 1}", file=sys.stderr, flush=True)
-    np.save(out_file, np.concatenate(outs) if outs else np.zeros((0,), np.float32))
+    items: dict[int, Feeds] = {}
+    with np.load(items_file) as data:
+        for key in data.files:
+            index, name = key.split(SEP, 1)
+            items.setdefault(int(index), {})[name] = data[key]
+    outs = {}
+    for j in range(len(items)):
+        outs[str(j)] = np.asarray(session.run(wanted or None, items[j])[0], dtype=np.float32)
+        print(f"progress {j + 1}", file=sys.stderr, flush=True)
+    save_arrays(Path(out_file), outs)
     return 0
 
 

@@ -172,7 +172,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
         def judge(j: Judge, model: Path) -> Accuracy:
             if j.how == "qemu":
                 logits = emulated_logits(
-                    j.command, model, judge_set.arrays, threads, progress.status, f"{j.kernels.name} (qemu)"
+                    j.command, model, input_name, judge_set.arrays, threads, progress.status, f"{j.kernels.name} (qemu)"
                 )
             else:
                 logits = run_logits(build_session(model, threads), judge_set.arrays)

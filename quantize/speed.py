@@ -9,14 +9,24 @@ from onnxpool.measure.progress import Progress
 
 
 def compare_speed(
-    models: dict[str, Path], seconds: float, rounds: int, progress: Progress | None = None
+    models: dict[str, Path],
+    seconds: float,
+    rounds: int,
+    progress: Progress | None = None,
+    feeds: Path | None = None,
+    batch: int = 1,
 ) -> dict[str, Any]:
-    """`measure.limit` on each model: one pinned single-threaded process, rounds alternating the order."""
+    """`measure.limit` on each model: one pinned single-threaded process, rounds alternating the order.
+
+    `feeds`: an .npz of `batch` items to run (default: one random item of the model's shape)."""
     from onnxpool.measure.limit import LimitPlan, measure_alternating, median_ratio
     from onnxpool.workers.cores import plan_layout, usable_cores
 
     layout = plan_layout(usable_cores(), 1, 1)
-    plans = {name: LimitPlan(path, layout, duration=seconds, warmup=min(1.0, seconds)) for name, path in models.items()}
+    plans = {
+        name: LimitPlan(path, layout, batch=batch, duration=seconds, warmup=min(1.0, seconds), feeds=feeds)
+        for name, path in models.items()
+    }
 
     def step(r: int, name: str) -> None:
         if progress is not None:

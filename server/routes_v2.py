@@ -83,8 +83,8 @@ def model_metadata(model: str, version: str | None = None) -> Response:
             "platform": "onnxruntime_onnx",
             "inputs": [_tensor_metadata(t) for t in info.inputs],
             "outputs": [_tensor_metadata(t) for t in info.outputs],
-            # issue 21: the INT8 recipe inside the model and whether this CPU fits it
-            **({"parameters": {"quantization": q}} if (q := describe(info.metadata_map, cpu_flags())) else {}),
+            # issue 21: the INT8 recipe inside the MODEL (not the task's tensor view) and whether this CPU fits it
+            **({"parameters": {"quantization": q}} if (q := describe(loaded.metadata_map, cpu_flags())) else {}),
         }
     )
 

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
+import requests
 
 from benchmarks.minilm_check import REFERENCE, THRESHOLD, compare_with
 from benchmarks.text_sentences import sentences
@@ -92,3 +93,31 @@ def test_the_server_answers_what_sentence_transformers_computes(tmp_path: Path) 
     want = np.asarray(saved["vectors"], dtype=np.float64)
     cosines = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
     assert len(texts) >= 200 and float(cosines.min()) >= THRESHOLD, (float(cosines.min()), float(cosines.mean()))
+
+
+def test_the_int8_variant_is_served_and_close(tmp_path: Path) -> None:
+    """`make minilm-int8` (.ci/run makes it): served by `--config minilm-int8`, mean cosine >= 0.99."""
+    int8 = MINILM / "model-int8.onnx"
+    if not int8.is_file():
+        if os.environ.get("CI"):
+            pytest.fail("models/minilm/model-int8.onnx is not built: .ci/run runs `make minilm-int8`")
+        pytest.skip("models/minilm/model-int8.onnx not built (make minilm-int8)")
+    reference = MINILM / REFERENCE
+    if not reference.is_file():
+        pytest.skip(f"{reference.name} not saved yet (make minilm-check)")
+    texts = sentences()
+    settings = {"ONNXPOOL_SERVER__WORKERS": "1", "ONNXPOOL_TASK__TRUNCATE": "true"}
+    with running_server(tmp_path, settings, config=REPO / "config" / "minilm-int8.toml", workers=1) as server:
+        meta = requests.get(f"{server.url}/v2/models/all-minilm-l6-v2-int8", timeout=10).json()
+        quantization = meta["parameters"]["quantization"]
+        assert quantization["target"] == "portable" and quantization["reduce_range"] is True
+        assert quantization["cpu_fit"] == "ok"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), 48):
+            reply = client.embeddings.create(model="all-minilm-l6-v2-int8", input=texts[start : start + 48])
+            vectors += [item.embedding for item in reply.data]
+    got = np.array(vectors, dtype=np.float64)
+    want = np.asarray(np.load(reference)["vectors"], dtype=np.float64)
+    cosines = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert float(cosines.mean()) >= 0.99, (float(cosines.mean()), float(cosines.min()))

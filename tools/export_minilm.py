@@ -142,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--update", action="store_true", help="print the digests instead of checking them")
+    parser.add_argument("--force", action="store_true", help="export again even if the model is up to date")
     args = parser.parse_args(argv)
+    existing = args.out / "model.onnx"
+    if not (args.force or args.update) and existing.is_file() and file_digest(existing) == EXPECTED_MODEL_SHA256:
+        # Up to date: keep the folder, and what later steps saved in it (the INT8 variant,
+        # sentence-transformers' reference vectors), instead of exporting it anew.
+        print(f"{existing}: up to date (sha256 {EXPECTED_MODEL_SHA256}); --force exports it again")
+        return 0
     start = time.perf_counter()
     model_sha, weights_sha = build(args.out)
     size = (args.out / "model.onnx").stat().st_size

@@ -1,0 +1,372 @@
+"""`onnxpool quantize` for text-embedding models: dynamic INT8, judged by cosine per CPU target.
+
+A text encoder's activations change with every input (length, vocabulary), so its INT8 is
+dynamic: weights are quantized once (per output channel), each MatMul's input is quantized
+at run time from its own range (onnxruntime's `quantize_dynamic`, MatMulInteger), and the
+embedding tables (Gather) are stored as 8-bit rows. No
+calibration images; what decides the model is the target (`targets.choose_recipe`: 7-bit
+weights for `portable`/`avx2`, because MatMulInteger's u8 x s8 kernel without VNNI adds
+pairs of products into saturating int16, as for images) and which MatMuls stay float.
+
+Judged as the server computes embeddings (the task's own tokenizer, length-sorted
+sub-batches, pooling and normalisation from the model folder): per sentence the cosine of
+the INT8 embedding to the FP32 one, and retrieval (each sentence a query against all the
+others: how many of FP32's 10 nearest are INT8's 10 nearest). The budget is the mean cosine.
+Each kernel family of the target is judged natively or under qemu (`emulate`), exactly as
+image models are. The search: nothing float first; if that misses, every weight MatMul is
+tried float alone, and the most helpful are added one at a time until the budget is met.
+
+Measured on all-MiniLM-L6-v2, 240 varied sentences, per-channel 7-bit weights, MatMuls only
+(docs/BENCHMARKS.md): mean cosine 0.990 with every weight MatMul in INT8, 0.993 with the first
+layer's FFN output in float (0.992 with the embedding tables in 8 bits too); per-tensor
+weights 0.839.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxpool.measure.progress import Progress, bar
+from onnxpool.quantize.calibrate import stamp_recipe
+from onnxpool.quantize.emulate import emulated_outputs, save_arrays
+from onnxpool.quantize.errors import QuantizeError
+from onnxpool.quantize.report import atomic_write, report_path, versions
+from onnxpool.quantize.speed import compare_speed
+from onnxpool.quantize.targets import HOST, Judge, Recipe, choose_recipe, find_qemu, plan_judges
+from onnxpool.tasks.text.options import TextEmbeddingOptions, TextEmbeddingTask, resolve
+from onnxpool.tasks.text.pipeline import embed_batch
+from onnxpool.tasks.text.pooling import embed
+from onnxpool.tasks.text.sorting import plan_sub_batches
+from onnxpool.tasks.text.tokenizing import EncodedBatch
+from onnxpool.workers.cpu_fit import cpu_flags, has_vnni
+
+RETRIEVAL_K = 10
+SPEED_BATCH = 8  # sentences per timed run: the task's default sub-batch
+
+
+@dataclass(frozen=True)
+class TextQuantizeOptions:
+    model: Path
+    output: Path
+    task: TextEmbeddingOptions
+    eval: Path
+    """Held-out sentences: the final numbers."""
+    search: Path | None = None
+    """Sentences the search chooses on (default: the --eval ones, then not held out)."""
+    min_cosine: float = 0.99
+    max_float: int = 12
+    exclude: tuple[str, ...] = ()
+    speed_seconds: float = 3.0
+    speed_rounds: int = 3
+    config_file: str | None = None
+    target: str = "portable"
+
+
+@dataclass(frozen=True)
+class Similarity:
+    """INT8 embeddings vs FP32 embeddings of the same sentences."""
+
+    n: int
+    mean_cosine: float
+    min_cosine: float
+    p01_cosine: float
+    retrieval_top10_overlap: float
+    """Mean over sentences of |FP32's 10 nearest others & INT8's 10 nearest others| / 10."""
+
+
+def read_sentences(path: Path) -> list[str]:
+    """A JSON array of strings (any string: empty, spaces, newlines) or a text file, one per line."""
+    if not path.is_file():
+        raise QuantizeError(f"sentences file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise QuantizeError(f"{path} is not JSON: {exc}") from None
+        if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
+            raise QuantizeError(f"{path} must hold a JSON array of strings")
+        found = data
+    else:
+        found = text.splitlines()
+    if len(found) < RETRIEVAL_K + 1:
+        raise QuantizeError(f"{path} has {len(found)} sentences; at least {RETRIEVAL_K + 1} are needed")
+    return found
+
+
+def compare_embeddings(ref: np.ndarray, test: np.ndarray, k: int = RETRIEVAL_K) -> Similarity:
+    ref64, test64 = ref.astype(np.float64), test.astype(np.float64)
+    ref64 /= np.maximum(np.linalg.norm(ref64, axis=1, keepdims=True), 1e-12)
+    test64 /= np.maximum(np.linalg.norm(test64, axis=1, keepdims=True), 1e-12)
+    cosines = np.sum(ref64 * test64, axis=1)
+    overlap = 0.0
+    if len(ref) > k:
+        sims_ref, sims_test = ref64 @ ref64.T, test64 @ test64.T
+        np.fill_diagonal(sims_ref, -np.inf)  # a sentence is not its own neighbour
+        np.fill_diagonal(sims_test, -np.inf)
+        near_ref = np.argsort(-sims_ref, axis=1, kind="stable")[:, :k]
+        near_test = np.argsort(-sims_test, axis=1, kind="stable")[:, :k]
+        overlap = float(
+            np.mean([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(near_ref, near_test, strict=True)])
+        )
+    return Similarity(
+        n=len(ref),
+        mean_cosine=float(cosines.mean()),
+        min_cosine=float(cosines.min()),
+        p01_cosine=float(np.percentile(cosines, 1)),
+        retrieval_top10_overlap=overlap,
+    )
+
+
+def weight_matmuls(model_path: Path) -> list[str]:
+    """MatMul nodes with a constant weight, in graph order: what dynamic INT8 quantizes."""
+    import onnx
+
+    model = onnx.load(str(model_path))
+    constants = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and any(i in constants for i in n.input)]
+
+
+def quantize_dynamic_with(model: Path, out: Path, recipe: Recipe, version: str) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        model_input=str(model),
+        model_output=str(out),
+        # Gather: the token-embedding table (MiniLM: 47 of its 90 MB) as 8-bit rows, dequantized on
+        # look-up (no integer kernel, so no CPU dependence): the file and each worker 35 MB smaller
+        # for a mean cosine 0.0006 lower.
+        op_types_to_quantize=["MatMul", "Gather"],
+        per_channel=recipe.per_channel,
+        reduce_range=recipe.reduce_range,
+        weight_type=getattr(QuantType, recipe.weight_type),
+        nodes_to_exclude=list(recipe.excluded),
+    )
+    return stamp_recipe(out, recipe, version)
+
+
+class Embedder:
+    """Embeddings of a fixed set of sentences the way a worker computes them, on any kernels."""
+
+    def __init__(self, task: TextEmbeddingTask, sentences: Sequence[str], threads: int) -> None:
+        self.task, self.threads = task, threads
+        self.encoded: EncodedBatch = task.tokenizer.encode(list(sentences), truncate=True)
+        self.output = task.options.output
+
+    def native(self, model: Path) -> np.ndarray:
+        from onnxpool.workers.session import build_session
+
+        session = build_session(model, self.threads)
+
+        def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+            return np.asarray(session.run([self.output], feeds)[0])
+
+        return embed_batch(
+            self.encoded, run, self.task.pooling, batch_size=self.task.sub_batch, max_tokens=self.task.sub_batch_tokens
+        )
+
+    def emulated(self, judge: Judge, model: Path, status: Callable[[str], None] | None) -> np.ndarray:
+        plan = plan_sub_batches(self.encoded.lengths, self.task.sub_batch, self.task.sub_batch_tokens)
+        parts = [self.encoded.select(rows) for rows in plan.batches]
+        hidden = emulated_outputs(
+            judge.command,
+            model,
+            [part.feeds() for part in parts],
+            self.threads,
+            status,
+            f"{judge.kernels.name} (qemu)",
+            "sub-batches",
+            self.output,
+        )
+        return plan.restore([embed(h, p.attention_mask, self.task.pooling) for h, p in zip(hidden, parts, strict=True)])
+
+    def speed_feeds(self, path: Path) -> Path:
+        """SPEED_BATCH sentences of median length, padded as the task pads them, saved for `measure.limit`."""
+        order = np.argsort(self.encoded.lengths, kind="stable")
+        middle = max(0, len(order) // 2 - SPEED_BATCH // 2)
+        save_arrays(path, self.encoded.select(order[middle : middle + SPEED_BATCH]).feeds())
+        return path
+
+
+def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str, Any]:
+    """The whole command for a text-embedding model; QuantizeError for what the operator can fix."""
+    from onnxpool import __version__
+    from onnxpool.workers.cores import usable_cores
+
+    if not opts.model.is_file():
+        raise QuantizeError(f"model file {opts.model} does not exist")
+    if not opts.output.parent.is_dir():
+        raise QuantizeError(f"output folder {opts.output.parent} does not exist")
+    flags = cpu_flags()
+    recipe = replace(choose_recipe(opts.target, flags), quant_format="dynamic")
+    judges = plan_judges(opts.target, flags, qemu=find_qemu())
+    evaluated = [j for j in judges if j.evaluated]
+    search_judges = sorted(evaluated, key=lambda j: j.how != "native") or [Judge(HOST, "native")]
+    held_out = read_sentences(opts.eval)
+    searched = read_sentences(opts.search) if opts.search is not None else held_out
+    threads = len(usable_cores())
+    names = _input_names(opts.model)
+    try:
+        task = resolve(opts.task, opts.model.parent, names)
+    except (OSError, ValueError) as exc:
+        raise QuantizeError(f"text model folder {opts.model.parent}: {exc}") from None
+    search_set = Embedder(task, searched, threads)
+    eval_set = Embedder(task, held_out, threads) if opts.search is not None else search_set
+    candidates = weight_matmuls(opts.model)
+    unknown = [n for n in opts.exclude if n not in candidates]
+    if unknown:
+        raise QuantizeError(f"--exclude {unknown[0]!r}: no MatMul with a constant weight of that name")
+    with tempfile.TemporaryDirectory(prefix="onnxpool-quantize-") as tmp:
+        work = Path(tmp)
+        progress.status("FP32 reference embeddings", force=True)
+        ref = search_set.native(opts.model)
+        eval_ref = ref if eval_set is search_set else eval_set.native(opts.model)
+        trials: list[dict[str, Any]] = []
+
+        def candidate(excluded: Sequence[str]) -> Path:
+            nodes = (*opts.exclude, *excluded)
+            progress.status(f"candidate {len(trials) + 1}: {len(nodes)} float MatMuls", force=True)
+            return quantize_dynamic_with(opts.model, work / "candidate.onnx", recipe.with_excluded(nodes), __version__)
+
+        def judge(j: Judge, model: Path, on: Embedder, reference: np.ndarray) -> Similarity:
+            vectors = on.emulated(j, model, progress.status) if j.how == "qemu" else on.native(model)
+            return compare_embeddings(reference, vectors)
+
+        def trial(excluded: Sequence[str]) -> dict[str, Similarity]:
+            """The candidate on the search sentences: natively first; the other judges only if it met the budget."""
+            model = candidate(excluded)
+            results: dict[str, Similarity] = {}
+            for j in search_judges:
+                sim = results[j.kernels.name] = judge(j, model, search_set, ref)
+                progress.done(
+                    f"candidate {len(trials) + 1}: {len(excluded) + len(opts.exclude)} float MatMuls, "
+                    f"{j.describe()}: mean cosine {sim.mean_cosine:.4f} (min {sim.min_cosine:.4f}), "
+                    f"top-{RETRIEVAL_K} overlap {sim.retrieval_top10_overlap:.3f}"
+                )
+                if sim.mean_cosine < opts.min_cosine:
+                    break
+            trials.append({"excluded": list(excluded), **{k: asdict(v) for k, v in results.items()}})
+            return results
+
+        def met(results: dict[str, Similarity]) -> bool:
+            return all(
+                j.kernels.name in results and results[j.kernels.name].mean_cosine >= opts.min_cosine
+                for j in search_judges
+            )
+
+        chosen: list[str] = []
+        results = trial(chosen)
+        ranked: list[str] | None = None
+        while not met(results):
+            if ranked is None:  # each weight MatMul float alone, natively: the most helpful first
+                searchable = [c for c in candidates if c not in opts.exclude]
+                gains: list[tuple[float, int, str]] = []
+                for k, node in enumerate(searchable):
+                    progress.status(f"ranking: {bar(k / len(searchable))} {k}/{len(searchable)} MatMuls float alone")
+                    model = candidate([node])
+                    gains.append((-judge(search_judges[0], model, search_set, ref).mean_cosine, k, node))
+                ranked = [node for _, _, node in sorted(gains)]
+                progress.done(f"ranked {len(ranked)} MatMuls by the mean cosine each reaches alone in float")
+            if len(chosen) >= min(opts.max_float, len(ranked)):
+                worst = min(results.values(), key=lambda sim: sim.mean_cosine)
+                raise QuantizeError(
+                    f"no candidate met --min-cosine {opts.min_cosine} with up to {opts.max_float} float MatMuls on "
+                    f"{', '.join(j.kernels.name for j in search_judges)} kernels; the last, with {len(chosen)} float, "
+                    f"reached a mean cosine of {worst.mean_cosine:.4f}; nothing written"
+                )
+            chosen.append(ranked[len(chosen)])
+            results = trial(chosen)
+        final_recipe = recipe.with_excluded((*opts.exclude, *chosen))
+        final = quantize_dynamic_with(opts.model, work / "final.onnx", final_recipe, __version__)
+        if eval_set is search_set:
+            final_sims = results
+        else:  # the final numbers on the held-out sentences, every evaluated family
+            final_sims = {j.kernels.name: judge(j, final, eval_set, eval_ref) for j in search_judges}
+            for name, sim in final_sims.items():
+                progress.done(
+                    f"held out, {name}: mean cosine {sim.mean_cosine:.4f} (min {sim.min_cosine:.4f}), "
+                    f"top-{RETRIEVAL_K} overlap {sim.retrieval_top10_overlap:.3f}"
+                )
+        speed = None
+        if opts.speed_seconds > 0 and opts.speed_rounds > 0:
+            feeds = eval_set.speed_feeds(work / "speed.npz")
+            speed = compare_speed(
+                {"fp32": opts.model, "int8": final}, opts.speed_seconds, opts.speed_rounds, progress, feeds, SPEED_BATCH
+            )
+            progress.done(f"speed ({speed['layout']}, pinned): INT8 {speed['speedup']['int8']:.2f}x FP32")
+        report: dict[str, Any] = {
+            "model": str(opts.model),
+            "output": str(opts.output),
+            "kind": "text-embedding",
+            "versions": versions(),
+            "python": platform.python_version(),
+            "cpu": {
+                "machine": platform.machine(),
+                "vnni": has_vnni(flags),
+                "avx2": "avx2" in flags,
+                "avx512": sorted(f for f in flags if f.startswith("avx512")),
+                "usable_cores": threads,
+            },
+            "config_file": opts.config_file,
+            "target": opts.target,
+            "recipe": {
+                **asdict(final_recipe),
+                "quantization": "dynamic: weights per output channel once, each MatMul input at run time "
+                "(onnxruntime quantize_dynamic, MatMulInteger)",
+                "reduce_range_reason": (
+                    "7-bit weights: u8 x s8 pairs cannot saturate int16 on AVX2 kernels (vpmaddubsw)"
+                    if final_recipe.reduce_range
+                    else "8-bit weights: exact on VNNI/arm64 kernels only"
+                ),
+            },
+            "targets": {
+                j.kernels.name: {
+                    "kernels": j.kernels.description,
+                    "judged": j.how,
+                    "command": " ".join(j.command) or None,
+                    "reason": j.reason or None,
+                    "similarity": asdict(final_sims[j.kernels.name]) if j.kernels.name in final_sims else None,
+                }
+                for j in judges
+            },
+            "float_layers": [*opts.exclude, *chosen],
+            "budget": {"min_mean_cosine": opts.min_cosine, "met_on": [j.describe() for j in search_judges]},
+            "sentences": {
+                "eval": {"file": str(opts.eval), "n": len(held_out)},
+                "search": None if opts.search is None else {"file": str(opts.search), "n": len(searched)},
+                "judged_on": "eval (held out)" if opts.search is not None else "eval (also searched on: not held out)",
+                "as_served": f"tokenized with the model folder's tokenizer, cut to {task.tokenizer.max_length} "
+                f"tokens, sub-batches of {task.sub_batch} (<= {task.sub_batch_tokens} padded tokens), "
+                f"pooling {task.pooling.mode.value}, normalize {task.pooling.normalize}",
+            },
+            "reference": "the FP32 model run natively on this host",
+            "search": {"candidates": len(candidates), "trials": trials},
+            "speed": speed,
+            "sizes_bytes": {"fp32": opts.model.stat().st_size, "int8": final.stat().st_size},
+        }
+        atomic_write(opts.output, lambda p: p.write_bytes(final.read_bytes()))
+        try:
+            atomic_write(report_path(opts.output), lambda p: p.write_text(json.dumps(report, indent=1) + "\n"))
+        except BaseException:
+            opts.output.unlink(missing_ok=True)
+            raise
+    return report
+
+
+def _input_names(model: Path) -> tuple[str, ...]:
+    import onnx
+
+    try:
+        graph = onnx.load(str(model), load_external_data=False).graph
+    except Exception as exc:  # onnx raises DecodeError and others for a file that is not a model
+        raise QuantizeError(f"model file {model} is not an ONNX model: {str(exc).splitlines()[0]}") from None
+    constants = {i.name for i in graph.initializer}
+    return tuple(i.name for i in graph.input if i.name not in constants)
