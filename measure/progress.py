@@ -1,7 +1,8 @@
 """A one-line progress display on stderr, for every long-running bench command.
 
 On a terminal the line is rewritten in place; otherwise (CI logs, pipes) each
-update is its own line, at most one per `interval` seconds, so logs stay short.
+update is its own line, at most one per `log_interval` seconds and never the same line twice
+in a row, so logs stay short.
 """
 
 from __future__ import annotations
@@ -14,22 +15,25 @@ from typing import TextIO
 class Progress:
     """`progress.status("...")` to update, `progress.done("...")` to end with a kept line."""
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 1.0, enabled: bool = True) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, interval: float = 1.0, enabled: bool = True, log_interval: float = 5.0
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
-        self.enabled = enabled
         self._tty = self.stream.isatty()
+        self.interval = interval if self._tty else max(interval, log_interval)
+        self.enabled = enabled
         self._last = 0.0
         self._width = 0
+        self._shown = ""
 
     def status(self, text: str, force: bool = False) -> None:
         """Show `text` as the current status (rate-limited unless `force`)."""
         if not self.enabled:
             return
         now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        if not force and (now - self._last < self.interval or (not self._tty and text == self._shown)):
             return
-        self._last = now
+        self._last, self._shown = now, text
         if self._tty:
             self.stream.write("\r" + text.ljust(self._width))
             self._width = len(text)
@@ -47,7 +51,7 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
-        self._last = 0.0
+        self._last, self._shown = 0.0, ""
 
 
 def bar(fraction: float, width: int = 24) -> str:
