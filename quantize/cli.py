@@ -74,6 +74,13 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-views", type=positive, default=1, help="the same per held-out photo (1: each photo as uploaded)"
     )
     parser.add_argument("--max-float", type=int, default=12, help="most layers the search may keep float (12)")
+    parser.add_argument(
+        "--depthwise-8bit",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with 7-bit weights (portable, avx2): 8-bit weights in depthwise convolutions, whose int8 kernels "
+        "sum in int32 on every x86 CPU (default: on wherever weights are 7-bit)",
+    )
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
     parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
     parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
@@ -128,6 +135,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         speed_rounds=args.speed_rounds,
         config_file=args.config,
         target=args.target,
+        depthwise_8bit=args.depthwise_8bit,
     )
     # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -28,7 +28,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class QuantizeOptions:
     speed_rounds: int = 3
     config_file: str | None = None
     target: str = "portable"
+    depthwise_8bit: bool | None = None
 
 
 def _check_inputs(opts: QuantizeOptions) -> None:
@@ -101,6 +102,8 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
     _check_inputs(opts)
     flags = cpu_flags()
     recipe = choose_recipe(opts.target, flags, opts.calibrate_method)
+    if opts.depthwise_8bit is not None:  # None: the target's recipe decides
+        recipe = replace(recipe, depthwise_8bit=opts.depthwise_8bit and recipe.reduce_range)
     # Before any image is read: an unknown target or a missing qemu is one line, now.
     judges = plan_judges(opts.target, flags, qemu=find_qemu())
     evaluated = [j for j in judges if j.evaluated]

@@ -206,7 +206,7 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
     if not opts.output.parent.is_dir():
         raise QuantizeError(f"output folder {opts.output.parent} does not exist")
     flags = cpu_flags()
-    recipe = replace(choose_recipe(opts.target, flags), quant_format="dynamic")
+    recipe = replace(choose_recipe(opts.target, flags), quant_format="dynamic", depthwise_8bit=False)
     judges = plan_judges(opts.target, flags, qemu=find_qemu())
     evaluated = [j for j in judges if j.evaluated]
     search_judges = sorted(evaluated, key=lambda j: j.how != "native") or [Judge(HOST, "native")]

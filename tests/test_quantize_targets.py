@@ -40,7 +40,10 @@ def test_each_target_picks_its_documented_recipe() -> None:
     for flags in (VNNI_HOST, AVX2_HOST):
         assert choose_recipe("portable", flags).reduce_range  # 7-bit weights: exact on AVX2 kernels too
         assert choose_recipe("avx2", flags).reduce_range
+        assert choose_recipe("portable", flags).depthwise_8bit  # depthwise kernels sum in int32 everywhere
         assert not choose_recipe("avx512-vnni", flags).reduce_range  # 8-bit: exact on VNNI only
+    assert choose_recipe("host", AVX2_HOST, machine="x86_64").depthwise_8bit
+    assert not choose_recipe("host", VNNI_HOST, machine="x86_64").depthwise_8bit  # 8-bit everywhere anyway
     assert not choose_recipe("host", VNNI_HOST, machine="x86_64").reduce_range
     assert choose_recipe("host", AVX2_HOST, machine="x86_64").reduce_range
     assert not choose_recipe("host", frozenset(), machine="aarch64").reduce_range
@@ -227,3 +230,43 @@ def test_portable_is_judged_on_emulated_avx2_kernels(work: Path, tmp_path: Path)
     assert avx2["judged"] == "qemu" and avx2["command"].endswith("-cpu Haswell")
     assert avx2["accuracy"]["n"] == 32 and avx2["accuracy"]["top1_agreement"] >= 0.8
     assert report["targets"]["arm64"]["judged"] == "not evaluated"
+
+
+def weight_bits(model_path: Path) -> dict[str, int]:
+    """Per Conv of a QDQ model: the largest |int8 weight| (63/64 with 7-bit weights, up to 127 with 8)."""
+    model = onnx.load(str(model_path))
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = {}
+    for node in (n for n in model.graph.node if n.op_type == "Conv"):
+        dq = producer.get(node.input[1])
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            out[node.name] = int(abs(constants[dq.input[0]].astype(int)).max())
+    return out
+
+
+def test_depthwise_convolutions_keep_8bit_weights_with_reduce_range(tmp_path: Path) -> None:
+    """portable/avx2/host-without-VNNI: 7-bit weights, but 8-bit (and its bias) in depthwise convolutions."""
+    from tests.test_quantize import _images
+    from tests.tiny_models import small_cnn
+
+    small_cnn(tmp_path / "dw.onnx", SIZE, fragile=False, depthwise=True)
+    _images(tmp_path / "calib", 24, seed=1)
+    (tmp_path / "settings.toml").write_text(f"[model.preprocess]\nresize = {SIZE}\ncrop = {SIZE}\n")
+    old = os.environ.get(CPUINFO_ENV)
+    os.environ[CPUINFO_ENV] = str(cpuinfo(tmp_path, AVX2_HOST))  # host = AVX2 without VNNI: 7-bit weights
+    try:
+        made = {}
+        for flag in ("--depthwise-8bit", "--no-depthwise-8bit"):
+            made[flag] = out = tmp_path / f"{flag}.onnx"
+            code = quantize(
+                tmp_path, "dw.onnx", out, flag, "--max-disagreement", "1", "--speed-seconds=0", "--target", "host"
+            )
+            assert code == 0
+    finally:
+        os.environ.pop(CPUINFO_ENV) if old is None else os.environ.__setitem__(CPUINFO_ENV, old)
+    on, off = weight_bits(made["--depthwise-8bit"]), weight_bits(made["--no-depthwise-8bit"])
+    assert on["conv_c"] > 64 >= max(on["conv_a"], on["conv_b"])  # the depthwise conv alone has 8-bit weights
+    assert max(off.values()) <= 64
+    report = json.loads(report_path(made["--depthwise-8bit"]).read_text())
+    assert report["recipe"]["depthwise_8bit"] is True and report["recipe"]["reduce_range"] is True

@@ -67,7 +67,7 @@ def channel_classifier(path: Path, size: int = 8) -> Path:
     return _save(graph, path, opset=17)
 
 
-def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = True) -> Path:
+def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = True, depthwise: bool = False) -> Path:
     """[N,3,size,size] float -> [N,classes] logits: conv_a 3x3 + Relu, conv_b 1x1 + Relu,
     conv_c 3x3 + Relu, global pool, Gemm. Node names are `conv_a`, `conv_b`, `conv_c`, `head`.
 
@@ -75,7 +75,8 @@ def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = Tru
     `fragile`, conv_b gives that dead channel a weight of 10000: in float it multiplies 0
     and changes nothing, but INT8 weights are scaled per output channel to their largest
     value, so every real weight of conv_b rounds to 0 and INT8 loses the image. Keeping
-    conv_b float is the fix an exclusion search must find.
+    conv_b float is the fix an exclusion search must find. With `depthwise`, conv_c is a
+    depthwise 3x3 (group 8) instead.
     """
     rng = np.random.default_rng(7)
 
@@ -92,7 +93,7 @@ def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = Tru
         "ba": ba,
         "wb": wb,
         "bb": (rng.standard_normal(8) * 0.1).astype(np.float32),
-        "wc": conv_w(8, 8, 3),
+        "wc": conv_w(8, 1, 3) if depthwise else conv_w(8, 8, 3),
         "bc": (rng.standard_normal(8) * 0.1).astype(np.float32),
         "wh": (rng.standard_normal((classes, 8)) * 8).astype(np.float32),
         "bh": np.zeros(classes, np.float32),
@@ -103,7 +104,9 @@ def small_cnn(path: Path, size: int = 16, classes: int = 10, fragile: bool = Tru
             helper.make_node("Relu", ["a"], ["a_r"], name="relu_a"),
             helper.make_node("Conv", ["a_r", "wb", "bb"], ["b"], name="conv_b"),
             helper.make_node("Relu", ["b"], ["b_r"], name="relu_b"),
-            helper.make_node("Conv", ["b_r", "wc", "bc"], ["c"], name="conv_c", pads=[1, 1, 1, 1]),
+            helper.make_node(
+                "Conv", ["b_r", "wc", "bc"], ["c"], name="conv_c", pads=[1, 1, 1, 1], group=8 if depthwise else 1
+            ),
             helper.make_node("Relu", ["c"], ["c_r"], name="relu_c"),
             helper.make_node("GlobalAveragePool", ["c_r"], ["pooled"], name="pool"),
             helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten", axis=1),
