@@ -116,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit-rounds", type=int, default=3, help="`onnxpool limit` rounds (default 3)")
     parser.add_argument("--limit-duration", type=parse_seconds, default=5.0, help="per limit round (5s)")
     parser.add_argument("--photos", type=Path, help="held-out photos: agreement per CPU family (native, AVX2/qemu)")
-    parser.add_argument("--int8", type=Path, default=INT8_MODEL, help="INT8 model for --photos and in process")
+    parser.add_argument(
+        "--int8", type=Path, default=INT8_MODEL, help="INT8 model for --photos, in process and over HTTP"
+    )
     parser.add_argument("--skip-speed", action="store_true", help="only the agreement of --photos")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -133,11 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = plan_layout(usable_cores(), "auto", "auto").workers
     # the response cache off: a benchmark repeating one photo would otherwise measure the cache
     quiet = {"ONNXPOOL_LOGGING__ACCESS_LOG": "false", "ONNXPOOL_CACHE__ENABLED": "false"}
+    # over HTTP the same file as in process (--int8), not the config's pick for this CPU
+    one_file = {"ONNXPOOL_MODEL__PATH": str(args.int8.resolve()), "ONNXPOOL_MODEL__CPU_VARIANTS": "[]"}
     with tempfile.TemporaryDirectory(prefix="onnxpool-int8-bench-") as tmp:
         folder = Path(tmp)
         with (
             running_server(folder, quiet, workers=workers, name="fp32") as fp32,
-            running_server(folder, quiet, workers=workers, name="int8", config=INT8_CONFIG) as int8,
+            running_server(folder, {**quiet, **one_file}, workers=workers, name="int8", config=INT8_CONFIG) as int8,
         ):
             sides = {"fp32": (fp32, "efficientnet-lite0"), "int8": (int8, "efficientnet-lite0-int8")}
             print("over HTTP, /predict ...", file=sys.stderr)

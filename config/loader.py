@@ -28,6 +28,7 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # TOML file's folder (or, for env values, the current directory) at load time,
 # so workers and tools never depend on the directory they were started from.
 PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
+PATH_LIST_KEYS = (("model", "cpu_variants"),)
 
 Key = tuple[str, ...]
 TASK_TABLE = "task"
@@ -184,6 +185,8 @@ def _resolve_path(key: Key, value: Any, base: Path) -> Any:
     if key in PATH_KEYS and isinstance(value, str) and value:
         candidate = Path(value).expanduser()
         return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+    if key in PATH_LIST_KEYS and isinstance(value, list):
+        return [_resolve_path(("model", "path"), item, base) for item in value]
     return value
 
 

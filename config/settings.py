@@ -200,6 +200,11 @@ class ModelSettings(Section):
     models' arenas otherwise stay at the size of the longest request ever, ~70-85 MB per worker
     for MiniLM); "auto": release when an input has a dynamic dimension besides the batch."""
 
+    cpu_variants: list[Path] = Field(default_factory=list)
+    """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each
+    (`--target avx512-vnni`, `avx2`): at start-up the master serves the first one made for THIS
+    CPU's int8 kernels instead of `path` (then the portable build or FP32), and logs which and why."""
+
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""

@@ -128,6 +128,8 @@ def configure() -> Serving:
     pool.adopt(generation)
     if _serving is not None:
         log.info("reload: new workers serve the re-read settings and model %s", generation.settings.model.path)
+        if generation.model_choice:
+            log.info("%s", generation.model_choice)
         _warn_cpu_fit(generation)
     _serving = Serving(pool=pool, generation=generation, app=app)
     return _serving
@@ -218,6 +220,8 @@ def on_starting(server: Any) -> None:
         layout.workers,
         layout.threads,
     )
+    if s.generation.model_choice:
+        log.info("%s", s.generation.model_choice)
     _warn_if_oversubscribed(layout, layout.workers)
     _log_task(s)
     if settings.nginx.pidfile:

@@ -10,7 +10,9 @@ import requests
 from onnxpool.cli import main
 from onnxpool.config.loader import CONFIG_DIR, config_file_named, load_settings
 from onnxpool.measure.paths import DEMO_MODEL
+from onnxpool.workers.cpu_fit import CPUINFO_ENV
 from tests.harness import DATA, running_server
+from tests.test_quantize_targets import AVX2_HOST, VNNI_HOST, cpuinfo
 
 INT8 = "efficientnet-lite0-int8"
 CAT_CLASSES = {"tabby", "tiger cat", "Egyptian cat", "Persian cat", "Siamese cat"}
@@ -26,13 +28,23 @@ def test_shipped_config_by_name() -> None:
 
 
 @pytest.mark.slow
-def test_int8_demo_is_served_like_the_float_model(tmp_path: Path) -> None:
-    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, workers=1, config=Path(INT8)) as server:
+@pytest.mark.parametrize(
+    ("flags", "built_for"),
+    [(VNNI_HOST, ("avx512-vnni", False, "model-vnni.onnx")), (AVX2_HOST, ("portable", True, "model.onnx"))],
+    ids=["vnni-cpu", "avx2-cpu"],
+)
+def test_int8_demo_is_served_like_the_float_model(
+    tmp_path: Path, flags: frozenset[str], built_for: tuple[str, bool, str]
+) -> None:
+    settings = {"ONNXPOOL_SERVER__WORKERS": "1", CPUINFO_ENV: str(cpuinfo(tmp_path, flags))}
+    with running_server(tmp_path, settings, workers=1, config=Path(INT8)) as server:
         meta = requests.get(f"{server.url}/v2/models/{INT8}", timeout=10).json()
         assert meta["inputs"][0]["datatype"] == "FP32" and meta["outputs"][0]["shape"] == [-1, 1000]
-        # made with --target portable: right on this CPU whatever it is (AVX2 or VNNI)
+        # the VNNI build on a CPU with VNNI, the portable one (7-bit weights) elsewhere; right either way
         q = meta["parameters"]["quantization"]
-        assert (q["target"], q["reduce_range"], q["cpu_fit"]) == ("portable", True, "ok")
+        target, reduce_range, file = built_for
+        assert (q["target"], q["reduce_range"], q["cpu_fit"]) == (target, reduce_range, "ok")
+        assert f"model file: {Path(load_settings(INT8).settings.model.path).parent / file} (" in server.log()
         files = {"image": ("cat.jpg", (DATA / "chelsea-cat.jpg").read_bytes(), "image/jpeg")}
         reply = requests.post(f"{server.url}/predict", files=files, params={"top_k": 1}, timeout=30)
         assert reply.status_code == 200, reply.text

@@ -20,7 +20,7 @@ import requests
 from onnxpool.quantize.errors import QuantizeError
 from onnxpool.quantize.report import report_path
 from onnxpool.quantize.targets import choose_recipe, find_qemu, plan_judges
-from onnxpool.workers.cpu_fit import CPUINFO_ENV, ModelRecipe, check_fit, describe, parse_cpu_flags
+from onnxpool.workers.cpu_fit import CPUINFO_ENV, ModelRecipe, check_fit, describe, made_for_this_cpu, parse_cpu_flags
 from onnxpool.workers.preflight import probe_model
 from tests.harness import running_server, start_server
 from tests.test_quantize import SIZE, one_error_line, quantize, work  # noqa: F401 (work: the module fixture)
@@ -270,3 +270,45 @@ def test_depthwise_convolutions_keep_8bit_weights_with_reduce_range(tmp_path: Pa
     assert max(off.values()) <= 64
     report = json.loads(report_path(made["--depthwise-8bit"]).read_text())
     assert report["recipe"]["depthwise_8bit"] is True and report["recipe"]["reduce_range"] is True
+
+
+def test_which_build_is_made_for_which_cpu() -> None:
+    vnni, avx2, portable = (
+        ModelRecipe(t, t != "avx512-vnni", "QUInt8", "QInt8", "0") for t in ("avx512-vnni", "avx2", "portable")
+    )
+    assert made_for_this_cpu(vnni, VNNI_HOST, "x86_64") == "made for avx512-vnni and this CPU has avx512_vnni"
+    assert made_for_this_cpu(vnni, AVX2_HOST, "x86_64") is None
+    assert made_for_this_cpu(avx2, AVX2_HOST, "x86_64") is not None and made_for_this_cpu(avx2, VNNI_HOST) is None
+    assert made_for_this_cpu(portable, VNNI_HOST, "x86_64") is None  # the fallback is `path`'s job
+    assert made_for_this_cpu(vnni, VNNI_HOST, "aarch64") is None and made_for_this_cpu(None, VNNI_HOST) is None
+
+
+@x86_only
+@pytest.mark.slow
+def test_the_build_made_for_this_cpu_is_served(vnni_model: Path, work: Path, tmp_path: Path) -> None:  # noqa: F811
+    """`[model] cpu_variants`: a VNNI build on a VNNI CPU, `path` (here FP32) elsewhere, with the reason logged."""
+    made = onnx.load(str(vnni_model / "m.onnx"))
+    for prop in made.metadata_props:
+        if prop.key == "onnxpool.target":
+            prop.value = "avx512-vnni"  # the host build of a VNNI host is a VNNI build
+    onnx.save(made, str(tmp_path / "vnni-build.onnx"))
+    settings = {
+        "ONNXPOOL_MODEL__PATH": str(work / "plain.onnx"),
+        "ONNXPOOL_MODEL__CPU_VARIANTS": json.dumps([str(tmp_path / "missing.onnx"), str(tmp_path / "vnni-build.onnx")]),
+        "ONNXPOOL_MODEL__LABELS": str(vnni_model / "labels.txt"),
+        "ONNXPOOL_MODEL__PREPROCESS__RESIZE": str(SIZE),
+        "ONNXPOOL_MODEL__PREPROCESS__CROP": str(SIZE),
+        "ONNXPOOL_SERVER__WORKERS": "1",
+    }
+    for flags, target in ((VNNI_HOST, "avx512-vnni"), (AVX2_HOST, None)):
+        settings[CPUINFO_ENV] = str(cpuinfo(tmp_path, flags))
+        with running_server(tmp_path, settings, workers=1) as server:
+            meta = requests.get(f"{server.url}/v2/models/efficientnet-lite0", timeout=10).json()
+            log = server.log()
+        assert meta.get("parameters", {}).get("quantization", {}).get("target") == target
+        assert "missing.onnx passed over: model file" in log  # one line, and the start goes on
+        chosen = [line for line in log.splitlines() if "model file:" in line]
+        if target:
+            assert "vnni-build.onnx (made for avx512-vnni and this CPU has avx512_vnni), not" in chosen[0]
+        else:
+            assert "plain.onnx (none of [model] cpu_variants is made for this CPU" in chosen[0]

@@ -112,6 +112,22 @@ class CpuFit:
         return self.message is None
 
 
+def made_for_this_cpu(recipe: ModelRecipe | None, flags: frozenset[str], machine: str | None = None) -> str | None:
+    """Why a build made for one CPU family is the one for this CPU (`[model] cpu_variants`), or None.
+
+    `avx512-vnni` builds (8-bit weights) need a VNNI instruction; `avx2` builds are the AVX2
+    kernels' own (x86 with AVX2 and no VNNI). `portable` and `host` builds are no family's:
+    they are what `path` is for.
+    """
+    if recipe is None or not is_x86(machine):
+        return None
+    if recipe.target == "avx512-vnni" and has_vnni(flags):
+        return f"made for avx512-vnni and this CPU has {', '.join(sorted(flags & VNNI_FLAGS))}"
+    if recipe.target == "avx2" and "avx2" in flags and not has_vnni(flags):
+        return "made for avx2 and this CPU has AVX2 without VNNI"
+    return None
+
+
 def check_fit(recipe: ModelRecipe | None, flags: frozenset[str], machine: str | None = None) -> CpuFit:
     if recipe is None:
         return CpuFit("not-onnxpool")

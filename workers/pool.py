@@ -14,15 +14,15 @@ import hashlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
 from onnxpool.workers.cores import Layout, SlotTable, cpu_allowance, plan_layout
-from onnxpool.workers.cpu_fit import CpuFit, ModelRecipe, check_fit, cpu_flags
+from onnxpool.workers.cpu_fit import CpuFit, ModelRecipe, check_fit, cpu_flags, made_for_this_cpu
 from onnxpool.workers.model_info import ModelInfo
-from onnxpool.workers.preflight import ModelError, preflight
+from onnxpool.workers.preflight import ModelError, preflight, probe_model
 from onnxpool.workers.run_folder import RunFolder
 
 log = logging.getLogger("onnxpool.workers")
@@ -41,6 +41,8 @@ class Generation:
     """Digest of the model file's bytes, computed once here (the response cache keys on it)."""
     cpu_fit: CpuFit = field(default_factory=lambda: CpuFit("not-onnxpool"))
     """The INT8 recipe inside the model vs this CPU's flags (workers/cpu_fit.py)."""
+    model_choice: str = ""
+    """Why this model file among `[model] cpu_variants` ("" without variants), for the start-up line."""
 
     @property
     def settings(self) -> Settings:
@@ -61,6 +63,7 @@ class Pool:
         The model is validated from a private copy, which becomes current only
         when the generation is adopted.
         """
+        loaded, choice = self._variant_for_this_cpu(loaded)
         settings = loaded.settings
         model, model_file = self._validated_model(settings)
         # The recipe comes from the preflight subprocess (ModelInfo.metadata), the flags from
@@ -73,7 +76,13 @@ class Pool:
         layout = plan_layout(cpu_allowance(), server.workers, server.threads_per_worker)
         digest = model_digest(model_file, in_place=not self.run.owns(model_file))
         return Generation(
-            loaded=loaded, model=model, model_file=model_file, layout=layout, model_digest=digest, cpu_fit=fit
+            loaded=loaded,
+            model=model,
+            model_file=model_file,
+            layout=layout,
+            model_digest=digest,
+            cpu_fit=fit,
+            model_choice=choice,
         )
 
     def adopt(self, generation: Generation) -> None:
@@ -87,6 +96,30 @@ class Pool:
         """Drop a generation that failed a later check (its model copy goes)."""
         if generation.model_file != self.run.current_model:
             self.run.discard_model(generation.model_file)
+
+    def _variant_for_this_cpu(self, loaded: LoadedSettings) -> tuple[LoadedSettings, str]:
+        """`[model] cpu_variants`: the first build made for this CPU's int8 kernels replaces `path`.
+
+        Each variant's recipe is read by the preflight subprocess (the master never imports
+        onnxruntime); a variant that is missing or does not load is one line and is passed over.
+        """
+        model = loaded.settings.model
+        if not model.cpu_variants:
+            return loaded, ""
+        flags = cpu_flags()
+        for variant in model.cpu_variants:
+            try:
+                recipe = ModelRecipe.from_metadata(probe_model(variant).metadata_map)
+            except ModelError as exc:
+                log.warning("[model] cpu_variants: %s passed over: %s", variant, exc)
+                continue
+            why = made_for_this_cpu(recipe, flags)
+            if why is not None:
+                chosen = model.model_copy(update={"path": variant})
+                settings = loaded.settings.model_copy(update={"model": chosen})
+                return replace(loaded, settings=settings), f"model file: {variant} ({why}), not {model.path}"
+        others = ", ".join(str(v) for v in model.cpu_variants)
+        return loaded, f"model file: {model.path} (none of [model] cpu_variants is made for this CPU: {others})"
 
     def _validated_model(self, settings: Settings) -> tuple[ModelInfo, Path]:
         """Copy the model, validate the copy; a model that does not load from a copy is validated in place."""
