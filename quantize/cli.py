@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,6 @@ def quantize_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     try:
-        from onnxpool.quantize.errors import QuantizeError
         from onnxpool.quantize.pipeline import QuantizeOptions, run_quantize, unevaluated
         from onnxpool.quantize.report import report_path
     except ImportError as exc:
@@ -137,27 +137,20 @@ def quantize_command(args: argparse.Namespace) -> int:
         target=args.target,
         depthwise_8bit=args.depthwise_8bit,
     )
-    # SIGTERM unwinds like Ctrl-C, so the temporary models (tens of MB) are removed too.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        report = run_quantize(options, Progress(enabled=not args.quiet))
-    except QuantizeError as exc:
-        return fail(str(exc))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    report = _run(lambda: run_quantize(options, Progress(enabled=not args.quiet)))
+    if isinstance(report, int):
+        return report
     acc = report["accuracy"]
     print(f"wrote {args.output} and {report_path(args.output)}")
     print(f"target {report['target']}; float layers {len(report['float_layers'])}; judged on {report['judged_on']}:")
-    for name, entry in report["targets"].items():
-        a = entry["accuracy"]
-        if a is None:
-            print(f"  {name}: NOT EVALUATED ({entry['reason']})")
-            continue
-        print(
-            f"  {name} ({entry['judged']}{', ' + entry['command'] if entry['command'] else ''}): top-1 agreement "
-            f"{a['top1_agreement']:.3f} (decisive {a['decisive_agreement']:.3f} of {a['decisive_n']}), "
-            f"top-5 overlap {a['top5_overlap']:.3f}, mean KL {a['mean_kl']:.4f}"
-        )
+    _print_targets(
+        report,
+        "accuracy",
+        lambda a: (
+            f"top-1 agreement {a['top1_agreement']:.3f} (decisive {a['decisive_agreement']:.3f} of "
+            f"{a['decisive_n']}), top-5 overlap {a['top5_overlap']:.3f}, mean KL {a['mean_kl']:.4f}"
+        ),
+    )
     missing = unevaluated(report)
     if missing:
         print(f"not evaluated here, so not known to be right there: {'; '.join(missing)}")
@@ -167,9 +160,39 @@ def quantize_command(args: argparse.Namespace) -> int:
             f"{acc['int8_top1_accuracy']:.3f}; top-5 FP32 {acc['fp32_top5_accuracy']:.3f} "
             f"INT8 {acc['int8_top5_accuracy']:.3f}"
         )
+    _print_speed(report)
+    return 0
+
+
+def _run(run: Callable[[], dict[str, Any]]) -> dict[str, Any] | int:
+    """The report of `run()`, or `fail`'s exit code for a QuantizeError.
+
+    SIGTERM unwinds like Ctrl-C while it runs, so the temporary models (tens of MB) are removed too.
+    """
+    from onnxpool.quantize.errors import QuantizeError
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run()
+    except QuantizeError as exc:
+        return fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_targets(report: dict[str, Any], key: str, numbers: Callable[[dict[str, Any]], str]) -> None:
+    """One line per kernel family of the target: how it was judged and `numbers(report entry's key)`."""
+    for name, entry in report["targets"].items():
+        result = entry[key]
+        if result is None:
+            print(f"  {name}: NOT EVALUATED ({entry['reason']})")
+            continue
+        print(f"  {name} ({entry['judged']}{', ' + entry['command'] if entry['command'] else ''}): {numbers(result)}")
+
+
+def _print_speed(report: dict[str, Any]) -> None:
     if report["speed"] is not None:
         print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
-    return 0
 
 
 def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
@@ -177,7 +200,6 @@ def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
     from pydantic import ValidationError
 
     from onnxpool.measure.progress import Progress
-    from onnxpool.quantize.errors import QuantizeError
     from onnxpool.quantize.report import report_path
     from onnxpool.quantize.text import TextQuantizeOptions, run_quantize_text
     from onnxpool.tasks.text.options import TextEmbeddingOptions
@@ -202,27 +224,20 @@ def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
         config_file=args.config,
         target=args.target,
     )
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        report = run_quantize_text(options, Progress(enabled=not args.quiet))
-    except QuantizeError as exc:
-        return fail(str(exc))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    report = _run(lambda: run_quantize_text(options, Progress(enabled=not args.quiet)))
+    if isinstance(report, int):
+        return report
     print(f"wrote {args.output} and {report_path(args.output)}")
     print(
         f"target {report['target']}; float MatMuls {len(report['float_layers'])}; {report['sentences']['judged_on']}:"
     )
-    for name, entry in report["targets"].items():
-        sim = entry["similarity"]
-        if sim is None:
-            print(f"  {name}: NOT EVALUATED ({entry['reason']})")
-            continue
-        print(
-            f"  {name} ({entry['judged']}{', ' + entry['command'] if entry['command'] else ''}): mean cosine "
-            f"{sim['mean_cosine']:.4f} (min {sim['min_cosine']:.4f}) on {sim['n']} sentences, top-10 retrieval "
-            f"overlap {sim['retrieval_top10_overlap']:.3f}"
-        )
-    if report["speed"] is not None:
-        print(f"speed: INT8 {report['speed']['speedup']['int8']:.2f}x FP32 ({report['speed']['layout']}, pinned)")
+    _print_targets(
+        report,
+        "similarity",
+        lambda sim: (
+            f"mean cosine {sim['mean_cosine']:.4f} (min {sim['min_cosine']:.4f}) on {sim['n']} sentences, "
+            f"top-10 retrieval overlap {sim['retrieval_top10_overlap']:.3f}"
+        ),
+    )
+    _print_speed(report)
     return 0

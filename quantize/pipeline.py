@@ -23,7 +23,6 @@ disables it.
 
 from __future__ import annotations
 
-import json
 import platform
 import tempfile
 import time
@@ -40,7 +39,7 @@ from onnxpool.quantize.errors import QuantizeError
 from onnxpool.quantize.evaluate import Accuracy, compare_logits, grey_level_noise, run_logits
 from onnxpool.quantize.graph import float_input, name_nodes, quantizable_nodes, rank_by_range, with_activations
 from onnxpool.quantize.images import load_images
-from onnxpool.quantize.report import atomic_write, report_path, versions
+from onnxpool.quantize.report import cpu_description, versions, write_outputs
 from onnxpool.quantize.search import search_exclusions
 from onnxpool.quantize.speed import compare_speed
 from onnxpool.quantize.targets import (
@@ -53,7 +52,7 @@ from onnxpool.quantize.targets import (
     plan_judges,
 )
 from onnxpool.tasks.image.imaging import ImagePipeline
-from onnxpool.workers.cpu_fit import cpu_flags, has_vnni
+from onnxpool.workers.cpu_fit import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -235,14 +234,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             "output": str(opts.output),
             "versions": versions(),
             "python": platform.python_version(),
-            "cpu": {
-                "machine": platform.machine(),
-                "vnni": has_vnni(flags),
-                "avx2": "avx2" in flags,
-                "avx512": sorted(f for f in flags if f.startswith("avx512")),
-                "flags": sorted(flags),
-                "usable_cores": threads,
-            },
+            "cpu": cpu_description(flags, threads),
             "config_file": opts.config_file,
             "preprocess": opts.preprocess.model_dump(mode="json"),
             "target": opts.target,
@@ -283,12 +275,7 @@ def run_quantize(opts: QuantizeOptions, progress: Progress) -> dict[str, Any]:
             "speed": speed,
             "sizes_bytes": {"fp32": opts.model.stat().st_size, "int8": final.stat().st_size},
         }
-        atomic_write(opts.output, lambda p: p.write_bytes(final.read_bytes()))
-        try:
-            atomic_write(report_path(opts.output), lambda p: p.write_text(json.dumps(report, indent=1) + "\n"))
-        except BaseException:
-            opts.output.unlink(missing_ok=True)
-            raise
+        write_outputs(opts.output, final, report)
     return report
 
 

@@ -38,7 +38,7 @@ from onnxpool.measure.progress import Progress, bar
 from onnxpool.quantize.calibrate import stamp_recipe
 from onnxpool.quantize.emulate import emulated_outputs, save_arrays
 from onnxpool.quantize.errors import QuantizeError
-from onnxpool.quantize.report import atomic_write, report_path, versions
+from onnxpool.quantize.report import cpu_description, versions, write_outputs
 from onnxpool.quantize.speed import compare_speed
 from onnxpool.quantize.targets import HOST, Judge, Recipe, choose_recipe, find_qemu, plan_judges
 from onnxpool.tasks.text.options import TextEmbeddingOptions, TextEmbeddingTask, resolve
@@ -46,7 +46,7 @@ from onnxpool.tasks.text.pipeline import embed_batch
 from onnxpool.tasks.text.pooling import embed
 from onnxpool.tasks.text.sorting import plan_sub_batches
 from onnxpool.tasks.text.tokenizing import EncodedBatch
-from onnxpool.workers.cpu_fit import cpu_flags, has_vnni
+from onnxpool.workers.cpu_fit import cpu_flags
 
 RETRIEVAL_K = 10
 SPEED_BATCH = 8  # sentences per timed run: the task's default sub-batch
@@ -308,13 +308,7 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
             "kind": "text-embedding",
             "versions": versions(),
             "python": platform.python_version(),
-            "cpu": {
-                "machine": platform.machine(),
-                "vnni": has_vnni(flags),
-                "avx2": "avx2" in flags,
-                "avx512": sorted(f for f in flags if f.startswith("avx512")),
-                "usable_cores": threads,
-            },
+            "cpu": cpu_description(flags, threads),
             "config_file": opts.config_file,
             "target": opts.target,
             "recipe": {
@@ -352,12 +346,7 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
             "speed": speed,
             "sizes_bytes": {"fp32": opts.model.stat().st_size, "int8": final.stat().st_size},
         }
-        atomic_write(opts.output, lambda p: p.write_bytes(final.read_bytes()))
-        try:
-            atomic_write(report_path(opts.output), lambda p: p.write_text(json.dumps(report, indent=1) + "\n"))
-        except BaseException:
-            opts.output.unlink(missing_ok=True)
-            raise
+        write_outputs(opts.output, final, report)
     return report
 
 

@@ -75,6 +75,19 @@ def test_matches_sentence_transformers() -> None:
     assert float(result.cosines.min()) >= THRESHOLD
 
 
+def served_cosines(url: str, model: str, texts: list[str], reference: np.ndarray) -> np.ndarray:
+    """Every text embedded by the server through the official openai client (48 per request),
+    and each vector's cosine to its row of `reference`."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    vectors: list[list[float]] = []
+    for start in range(0, len(texts), 48):
+        reply = client.embeddings.create(model=model, input=texts[start : start + 48])
+        vectors += [item.embedding for item in reply.data]
+    got, want = np.array(vectors, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    cosines: np.ndarray = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    return cosines
+
+
 def test_the_server_answers_what_sentence_transformers_computes(tmp_path: Path) -> None:
     """The whole path: `onnxpool serve --config minilm`, the official openai client, all sentences."""
     reference = MINILM / REFERENCE
@@ -84,14 +97,7 @@ def test_the_server_answers_what_sentence_transformers_computes(tmp_path: Path) 
     texts = sentences()
     settings = {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_TASK__TRUNCATE": "true"}  # as sentence-transformers cuts
     with running_server(tmp_path, settings, config=REPO / "config" / "minilm.toml", workers=2) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        vectors: list[list[float]] = []
-        for start in range(0, len(texts), 48):
-            reply = client.embeddings.create(model="all-minilm-l6-v2", input=texts[start : start + 48])
-            vectors += [item.embedding for item in reply.data]
-    got = np.array(vectors, dtype=np.float64)
-    want = np.asarray(saved["vectors"], dtype=np.float64)
-    cosines = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        cosines = served_cosines(server.url, "all-minilm-l6-v2", texts, saved["vectors"])
     assert len(texts) >= 200 and float(cosines.min()) >= THRESHOLD, (float(cosines.min()), float(cosines.mean()))
 
 
@@ -112,12 +118,5 @@ def test_the_int8_variant_is_served_and_close(tmp_path: Path) -> None:
         quantization = meta["parameters"]["quantization"]
         assert quantization["target"] == "portable" and quantization["reduce_range"] is True
         assert quantization["cpu_fit"] == "ok"
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        vectors: list[list[float]] = []
-        for start in range(0, len(texts), 48):
-            reply = client.embeddings.create(model="all-minilm-l6-v2-int8", input=texts[start : start + 48])
-            vectors += [item.embedding for item in reply.data]
-    got = np.array(vectors, dtype=np.float64)
-    want = np.asarray(np.load(reference)["vectors"], dtype=np.float64)
-    cosines = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        cosines = served_cosines(server.url, "all-minilm-l6-v2-int8", texts, np.load(reference)["vectors"])
     assert float(cosines.mean()) >= 0.99, (float(cosines.mean()), float(cosines.min()))
