@@ -209,14 +209,14 @@ class ModelSettings(Section):
     share_weights: bool = True
     """true: the master writes the model, as onnxruntime optimises it, into the run folder with its
     weights in one data file that every worker maps, so a host holds them once, not once per worker
-    (MiniLM: ~30 MB private per worker instead of ~150). false: every worker reads a byte copy of
+    (MiniLM: 29 MB private per worker instead of 114). false: every worker reads a byte copy of
     the model into its own memory (as onnxpool did before). The file at `path` is only ever read."""
 
     prepacking: bool = True
     """true: the kernels' prepacked weights (MatMul and Conv weights re-laid out for the CPU's matrix
     code) are made once, saved in the mapped copy (share_weights) and mapped too: full speed. false:
-    no prepacking: a smaller copy and a little less memory per worker, at ~0.9x the speed on MiniLM
-    (docs/BENCHMARKS.md measures both)."""
+    no prepacking: a smaller copy and 0-2 MB less per worker, at 0.78x the speed of the image model,
+    0.55x of its INT8 build, 0.94x of MiniLM (docs/BENCHMARKS.md)."""
 
     cpu_variants: list[Path] = Field(default_factory=list)
     """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each

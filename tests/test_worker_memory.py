@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 import requests
@@ -62,7 +63,7 @@ def gauge(server: Server) -> dict[tuple[str, str], float]:
     return {(pid, kind): float(value) for kind, model, pid, value in found if model == MODEL}
 
 
-def test_workers_share_the_weights_and_load_leaves_no_high_water(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_workers_share_the_weights_and_load_leaves_no_high_water(tmp_path: Path) -> None:
     before = fingerprint(MINILM)
     with running_server(tmp_path, SETTINGS, config=REPO / "config" / "minilm.toml", workers=2) as server:
         warm(server)
@@ -97,7 +98,7 @@ def test_workers_share_the_weights_and_load_leaves_no_high_water(tmp_path) -> No
     assert fingerprint(MINILM) == before  # bytes and mtimes of every file of the model's folder
 
 
-def test_without_prepacking_a_worker_holds_less_still(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_without_prepacking_a_worker_holds_less_still(tmp_path: Path) -> None:
     settings = {**SETTINGS, "ONNXPOOL_MODEL__PREPACKING": "false"}
     with running_server(tmp_path, settings, config=REPO / "config" / "minilm.toml", workers=2) as server:
         warm(server)
