@@ -94,9 +94,10 @@ def quantize_command(args: argparse.Namespace) -> int:
     from onnxpool.measure.progress import Progress
 
     try:
-        settings = load_settings(args.config).settings
+        loaded = load_settings(args.config)
     except ConfigError as exc:
         return fail(str(exc))
+    settings = loaded.settings
     try:
         from onnxpool.quantize.pipeline import QuantizeOptions, run_quantize, unevaluated
         from onnxpool.quantize.report import report_path
@@ -110,14 +111,22 @@ def quantize_command(args: argparse.Namespace) -> int:
         )
     if args.calibration is None:
         return fail("--calibration DIR (a folder of calibration images) is required for an image model")
+    from onnxpool.tasks.image.settings import image_settings
+    from onnxpool.tasks.image.task import labels_file
+
+    try:
+        image = image_settings(loaded)
+    except ConfigError as exc:
+        return fail(str(exc))
     labels: tuple[str, ...] = ()
-    if settings.model.labels is not None and Path(settings.model.labels).is_file():
-        labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
+    names = labels_file(image.labels, Path(settings.model.path))
+    if names is not None and names.is_file():
+        labels = tuple(names.read_text(encoding="utf-8").splitlines())
     options = QuantizeOptions(
         model=args.model or Path(settings.model.path),
         calibration=args.calibration,
         output=args.output,
-        preprocess=settings.model.preprocess,
+        preprocess=image.preprocess,
         limits=settings.limits,
         class_names=labels,
         eval=args.eval,

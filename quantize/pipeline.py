@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.measure.progress import Progress
 from onnxpool.quantize.calibrate import Reader, calibrate, quantize_with
 from onnxpool.quantize.emulate import emulated_logits
@@ -52,6 +52,7 @@ from onnxpool.quantize.targets import (
     plan_judges,
 )
 from onnxpool.tasks.image.imaging import ImagePipeline
+from onnxpool.tasks.image.settings import PreprocessSettings
 from onnxpool.workers.cpu_fit import cpu_flags
 
 

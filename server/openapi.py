@@ -18,7 +18,7 @@ from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import V2_TO_NUMPY
 from onnxpool.tasks.api import Task
 
-AnyTask = Task[Any, Any]
+AnyTask = Task[Any, Any, Any]
 
 blueprint = Blueprint("openapi", __name__)
 

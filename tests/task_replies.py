@@ -111,9 +111,7 @@ def cases() -> Iterator[Case]:
     yield Case("embed empty list", "embedder", embed, _json({"model": TEXT_MODEL, "input": []}), AUTH)
     yield Case("embed too long", "embedder", embed, _json({"model": TEXT_MODEL, "input": "cat " * 100}), AUTH)
     yield Case("embed too many", "embedder", embed, _json({"model": TEXT_MODEL, "input": ["x"] * 9}), AUTH)
-    yield Case(
-        "embed dimensions", "embedder", embed, _json({"model": TEXT_MODEL, "input": "x", "dimensions": 4}), AUTH
-    )
+    yield Case("embed dimensions", "embedder", embed, _json({"model": TEXT_MODEL, "input": "x", "dimensions": 4}), AUTH)
     yield Case(
         "embed bad format", "embedder", embed,
         _json({"model": TEXT_MODEL, "input": "x", "encoding_format": "hex"}), AUTH,

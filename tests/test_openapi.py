@@ -22,15 +22,22 @@ from onnxpool.config.settings import Settings
 from onnxpool.server.app import create_app
 from onnxpool.server.openapi import openapi_document
 from onnxpool.tasks.registry import AnyTask, build_task
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 from onnxpool.workers.session import SessionRuntime
 from tests.harness import Server
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 
 
+DEMO_TENSORS = ModelInfo(
+    inputs=(TensorSpec("input", "tensor(float)", (-1, 3, 224, 224)),),
+    outputs=(TensorSpec("logits", "tensor(float)", (-1, 1000)),),
+)
+
+
 def _settings_and_task() -> tuple[Settings, AnyTask]:
     loaded = load_settings(environ={})
-    return loaded.settings, build_task(loaded)
+    return loaded.settings, build_task(loaded, DEMO_TENSORS)
 
 
 def _flask_path(rule: str) -> str:
@@ -46,14 +53,13 @@ def test_document_is_valid_openapi(auth: bool) -> None:
 
 def test_document_describes_every_route() -> None:
     settings = load_settings(environ={}).settings
-    app = create_app(settings, SessionRuntime())
+    task = build_task(LoadedSettings(settings), DEMO_TENSORS)
+    app = create_app(settings, SessionRuntime(), task=task)
     routes = {_flask_path(r.rule) for r in app.url_map.iter_rules() if r.endpoint != "static"}
-    described = set(openapi_document(settings, build_task(LoadedSettings(settings)))["paths"])
+    described = set(openapi_document(settings, task)["paths"])
     assert routes <= described, routes - described
     assert {"/predict", "/v2/models/{model}/classify", "/metrics", "/openapi.json"} <= described
-    model = openapi_document(settings, build_task(LoadedSettings(settings)))["paths"]["/v2/models/{model}"]["get"][
-        "parameters"
-    ][0]
+    model = openapi_document(settings, task)["paths"]["/v2/models/{model}"]["get"]["parameters"][0]
     assert model["schema"]["enum"] == [settings.model.name]
 
 

@@ -287,8 +287,8 @@ def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
 
 
 def test_grey_level_noise_is_in_normalised_units() -> None:
-    from onnxpool.config.settings import PreprocessSettings
     from onnxpool.quantize.evaluate import grey_level_noise
+    from onnxpool.tasks.image.settings import PreprocessSettings
 
     spec = PreprocessSettings(mean=(0.0, 0.0, 0.0), std=(1.0, 2.0, 4.0), scale=1.0)
     images = np.zeros((4, 3, 8, 8), np.float32)

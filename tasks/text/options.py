@@ -1,8 +1,7 @@
 """The `[task]` table of a text-embedding model's settings file (config/minilm.toml).
 
-A proposal for the task API's schema: flat, every key optional, "auto" meaning "what the
-model's own files say" (TOML has no null). `resolve` turns it plus the model folder into
-the objects the building blocks take.
+Flat, every key optional, "auto" meaning "what the model's own files say" (TOML has no null).
+`resolve` turns it plus the model folder into the objects the building blocks take.
 """
 
 from __future__ import annotations
