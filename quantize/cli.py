@@ -85,7 +85,7 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
     parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
     parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
-    parser.add_argument("--config", help="TOML settings file: [model.preprocess] and [limits] used for the images")
+    parser.add_argument("--config", help="TOML settings file: [task.preprocess] and [limits] used for the images")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

@@ -88,7 +88,7 @@ def _check_inputs(opts: QuantizeOptions) -> None:
     if not opts.model.is_file():
         raise QuantizeError(f"model file {opts.model} does not exist")
     if opts.preprocess.dtype != "float32":
-        raise QuantizeError(f"[model.preprocess] dtype is {opts.preprocess.dtype}; quantize needs a float32 input")
+        raise QuantizeError(f"[task.preprocess] dtype is {opts.preprocess.dtype}; quantize needs a float32 input")
     if not opts.output.parent.is_dir():
         raise QuantizeError(f"output folder {opts.output.parent} does not exist")
 

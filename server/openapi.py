@@ -1,6 +1,7 @@
 """The HTTP API described in OpenAPI 3.0, served at `GET /openapi.json`.
 
-`openapi_document(settings)` builds a plain dict (no I/O); the configured model
+`openapi_document(settings, task)` builds a plain dict (no I/O) from the routes and each task
+route's own fragment (`Task.openapi`); the configured model
 name and version are the only values the `{model}` / `{version}` path
 parameters accept, as the server itself answers 404 for any other.
 """
@@ -437,8 +438,9 @@ def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> d
         "info": {
             "title": "onnxpool",
             "version": __version__,
-            "description": "Serves one ONNX model on CPUs: Open Inference Protocol v2 REST, an image "
-            'endpoint, Prometheus metrics. Errors are JSON {"error": message}.',
+            "description": f"Serves the ONNX model {settings.model.name} on CPUs: its task's routes "
+            f"({task.name}), Open Inference Protocol v2 REST, Prometheus metrics. Errors are JSON "
+            '{"error": message}, or in the shape of the API a task speaks (OpenAI error objects for embeddings).',
         },
         "paths": _paths(settings, task, auth),
         "components": {"schemas": _schemas()},

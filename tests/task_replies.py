@@ -12,7 +12,6 @@ errors, v2 infer with strings, API keys.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import struct
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 import requests
 
 from tests.harness import REPO, Server, running_server
+from tests.image_replies import as_recorded
 from tests.text_models import build_classifier_folder, build_text_model_folder
 
 RECORDING = Path(__file__).resolve().parent / "fixtures" / "task_replies.json"
@@ -162,15 +162,7 @@ def servers(stack: ExitStack, root: Path, cache: bool) -> dict[str, Server]:
 
 
 def record(urls: dict[str, str]) -> dict[str, dict[str, str | int]]:
-    out: dict[str, dict[str, str | int]] = {}
-    for case in cases():
-        reply = case.send(urls[case.server])
-        out[case.name] = {
-            "status": reply.status_code,
-            "content_type": reply.headers.get("Content-Type", ""),
-            "body": base64.b64encode(reply.content).decode(),
-        }
-    return out
+    return {case.name: as_recorded(case.send(urls[case.server])) for case in cases()}
 
 
 def main() -> None:

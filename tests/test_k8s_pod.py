@@ -385,7 +385,7 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
             if c.name == APP:
                 # /models is the image's: here the checkout's demo model.
                 env["ONNXPOOL_MODEL__PATH"] = str(DEMO_MODEL)
-                env["ONNXPOOL_MODEL__LABELS"] = str(DEMO_MODEL.parent / "labels.txt")
+                env["ONNXPOOL_TASK__LABELS"] = str(DEMO_MODEL.parent / "labels.txt")
                 env.update(extra_env or {})
             else:
                 # The pod's port, on a free loopback port (no pod network namespace here).

@@ -126,20 +126,10 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
         self.input_name, self.output_name = spec.name, output.name
 
     def _input(self, model: ModelInfo) -> TensorSpec:
-        name = self.settings.input_name
-        spec = model.input(name) if name else model.inputs[0]
-        if spec is None:
-            known = ", ".join(t.name for t in model.inputs)
-            raise TaskConfigError(f"task.input_name = {name!r} is not an input of the model; inputs: {known}")
-        return spec
+        return _named(model.inputs, self.settings.input_name, "input")
 
     def _output(self, model: ModelInfo) -> TensorSpec:
-        name = self.settings.output_name
-        spec = model.output(name) if name else model.outputs[0]
-        if spec is None:
-            known = ", ".join(t.name for t in model.outputs)
-            raise TaskConfigError(f"task.output_name = {name!r} is not an output of the model; outputs: {known}")
-        return spec
+        return _named(model.outputs, self.settings.output_name, "output")
 
     def read(self, request: RequestParts) -> ImageRequest:
         uploads = read_images(request, self.served.limits)
@@ -227,6 +217,15 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
                 }
             },
         }
+
+
+def _named(specs: tuple[TensorSpec, ...], name: str, kind: str) -> TensorSpec:
+    """The tensor `[task] {kind}_name` names ("" = the first); TaskConfigError naming the model's own."""
+    spec = next((t for t in specs if t.name == name), None) if name else specs[0]
+    if spec is None:
+        known = ", ".join(t.name for t in specs)
+        raise TaskConfigError(f"task.{kind}_name = {name!r} is not an {kind} of the model; {kind}s: {known}")
+    return spec
 
 
 def _requested_top_k(request: RequestParts, default: int, fields: dict[str, str]) -> int:
