@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, gates, instrument, openapi, routes_v1
+from onnxpool.server import admission, auth, gates, instrument, openapi, routes_docs, routes_v1
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.front import Front
@@ -120,6 +120,7 @@ def create_app(
     app.register_blueprint(routes_v1.blueprint)
     app.register_blueprint(blueprint_for(ctx))
     app.register_blueprint(openapi.blueprint)
+    routes_docs.install(app, settings.server.docs)
     if ctx.cache.wanted:  # hits of the task routes answered before Flask, after the same gates (run once)
         app.wsgi_app = Front(app.wsgi_app, ctx, gates.of(app))  # type: ignore[method-assign]
     # request state, ids, Server-Timing, metrics, GET /metrics: outermost

@@ -177,4 +177,5 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
             },
             "Labels and scores, best first: one list for a string, a list of lists for a list",
             {"anyOf": [one, {"type": "array", "items": one}]},
+            {"inputs": ["I love this phone.", "The battery died after an hour."]},
         )

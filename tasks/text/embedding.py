@@ -175,7 +175,11 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
                                 "dimensions": {"type": "integer", "minimum": 1},
                                 "user": {"type": "string"},
                             },
-                        }
+                        },
+                        "example": {
+                            "model": self.settings.model.name,
+                            "input": ["The cat sat.", "A feline was sitting."],
+                        },
                     }
                 },
             },
