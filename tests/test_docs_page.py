@@ -5,7 +5,9 @@ browser is downloaded) at the page served by the real nginx site in front of a r
 gunicorn on a unix socket, as in the pod, with API keys on: the page and every file it
 loads answer 200 with nothing from another origin and no console error, it lists the
 routes, and a try-it-out of `/predict` with the cat photo (key entered under "Authorize")
-shows the labels. `KEEP_DOCS_SCREENSHOT=docs/docs-page.png` keeps its screenshot.
+shows the labels. `KEEP_DOCS_SCREENSHOT=docs/docs-page.png` keeps its screenshot. The JSON
+examples of the KServe v1 (iris) and OpenAI embeddings (minilm) operations work as the page
+fills them in.
 
 The page's own rules (open without a key, the setting, the files it serves) are checked
 on the Flask app in process.
@@ -13,10 +15,12 @@ on the Flask app in process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,7 @@ from onnxpool.server.app import create_app
 from onnxpool.server.routes_docs import CONTENT_SECURITY_POLICY, SWAGGER_UI_FILES
 from onnxpool.workers.session import SessionRuntime
 from tests.deploy_harness import Instance, Nginx, nginx_binary, start_instance, start_nginx
-from tests.harness import DATA
+from tests.harness import DATA, REPO, running_server
 from tests.k8s_render import in_ci
 
 API_KEY = "docs-page-key-0123456789"
@@ -116,9 +120,46 @@ def behind_nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
         instance.stop()
 
 
-@pytest.mark.slow
-@pytest.mark.nginx
-def test_try_it_out_in_chromium(behind_nginx: Nginx, tmp_path: Path) -> None:
+@dataclass
+class Watched:
+    """A page in headless chromium, and what went wrong while it ran."""
+
+    page: Any
+    origin: str
+    problems: list[str] = field(default_factory=list)
+    requested: list[str] = field(default_factory=list)
+
+    def open_docs(self) -> list[str]:
+        """Load /docs; the paths of the operations it lists."""
+        self.page.goto(self.origin + "/docs")
+        self.page.wait_for_selector(".opblock-summary-path")
+        return [e.inner_text() for e in self.page.query_selector_all(".opblock-summary-path")]
+
+    def try_it_out(self, operation: str, fill: Callable[[str], None] | None = None) -> tuple[str, Any]:
+        """Open an operation (its id in the document), try it out as the page fills it in (or
+        `fill(selector)` does), execute it: the status shown and the reply body it shows."""
+        block = f"#operations-default-{operation}"
+        self.page.click(f"{block} .opblock-summary-control")
+        self.page.click(f"{block} button.try-out__btn")
+        if fill is not None:
+            fill(block)
+        self.page.click(f"{block} button.execute")
+        body = self.page.wait_for_selector(
+            f"{block} .live-responses-table .response-col_description pre", timeout=30000
+        )
+        assert body is not None
+        status = self.page.inner_text(f"{block} .live-responses-table tbody .response-col_status").strip()
+        return status, json.loads(body.inner_text())
+
+    def check(self) -> None:
+        assert self.problems == [], self.problems
+        strangers = [url for url in self.requested if not url.startswith(self.origin + "/")]
+        assert strangers == [], f"requests to another origin: {strangers}"
+
+
+@contextlib.contextmanager
+def chromium_at(origin: str) -> Iterator[Watched]:
+    """Debian's chromium, headless, driven by playwright (which downloads no browser)."""
     chromium = shutil.which("chromium")
     _need(chromium, "Debian's chromium (apt-get install chromium)")
     try:
@@ -126,47 +167,69 @@ def test_try_it_out_in_chromium(behind_nginx: Nginx, tmp_path: Path) -> None:
     except ImportError:
         _need(None, "playwright (the dev extras)")
         raise
-    origin = behind_nginx.url
-    problems: list[str] = []
-    seen: list[str] = []
     with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 1000})
+            watched = Watched(page, origin)
+            problems = watched.problems
             page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} {r.failure}"))
-            page.on("request", lambda r: seen.append(r.url))
+            page.on("request", lambda r: watched.requested.append(r.url))
             page.on("response", lambda r: problems.extend([f"{r.status}: {r.url}"] if r.status >= 400 else []))
             page.on("console", lambda m: problems.extend([f"console: {m.text}"] if m.type == "error" else []))
             page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            page.goto(origin + "/docs")
-            page.wait_for_selector(".opblock-summary-path")
-            paths = [e.inner_text() for e in page.query_selector_all(".opblock-summary-path")]
-            assert {"/predict", "/v2/models/{model}/infer", "/v2/models/{model}/classify", "/metrics"} <= set(paths)
-            assert problems == [], problems
-            # The key, as a user enters it under "Authorize" (the document's bearerAuth scheme).
-            page.click("button.authorize")
-            page.fill(".modal-ux #auth-bearer-value", API_KEY)
-            page.click(".modal-ux button.authorize")
-            page.click(".modal-ux button.btn-done")
-            page.click(f"{PREDICT} .opblock-summary-control")
-            page.click(f"{PREDICT} button.try-out__btn")
-            top_k = f"{PREDICT} tr[data-param-name='top_k'][data-param-in='query'] input"
-            assert page.input_value(top_k) == "3"  # the fragment's example
-            page.set_input_files(f"{PREDICT} input[type=file]", str(CAT))
-            page.click(f"{PREDICT} button.execute")
-            reply_body = f"{PREDICT} .live-responses-table .response-col_description pre"
-            body = page.wait_for_selector(reply_body, timeout=30000)
-            assert body is not None
-            reply = json.loads(body.inner_text())
-            labels = [p["label"] for p in reply["predictions"][0]]
-            assert page.inner_text(f"{PREDICT} .live-responses-table tbody .response-col_status").strip() == "200"
-            assert labels[0] == "Egyptian cat" and "tabby" in labels and len(labels) == 3, labels
-            _screenshot(page, tmp_path / "docs-page.png")
+            yield watched
         finally:
             browser.close()
-    assert problems == [], problems
-    assert all(url.startswith(origin + "/") for url in seen), [u for u in seen if not u.startswith(origin)]
-    assert f"{origin}/predict?top_k=3" in seen
+
+
+@pytest.mark.slow
+@pytest.mark.nginx
+def test_try_it_out_in_chromium(behind_nginx: Nginx, tmp_path: Path) -> None:
+    with chromium_at(behind_nginx.url) as browser:
+        paths = browser.open_docs()
+        assert {"/predict", "/v2/models/{model}/infer", "/v2/models/{model}/classify", "/metrics"} <= set(paths)
+        browser.check()  # the page and its files, loaded without a key
+        page = browser.page
+        # The key, as a user enters it under "Authorize" (the document's bearerAuth scheme).
+        page.click("button.authorize")
+        page.fill(".modal-ux #auth-bearer-value", API_KEY)
+        page.click(".modal-ux button.authorize")
+        page.click(".modal-ux button.btn-done")
+
+        def upload_the_cat(block: str) -> None:
+            top_k = f"{block} tr[data-param-name='top_k'][data-param-in='query'] input"
+            assert page.input_value(top_k) == "3"  # the fragment's example
+            page.set_input_files(f"{block} input[type=file]", str(CAT))
+
+        status, reply = browser.try_it_out("taskPredict", upload_the_cat)
+        labels = [p["label"] for p in reply["predictions"][0]]
+        assert status == "200" and labels[0] == "Egyptian cat" and "tabby" in labels and len(labels) == 3, labels
+        _screenshot(page, tmp_path / "docs-page.png")
+        browser.check()
+        assert f"{browser.origin}/predict?top_k=3" in browser.requested
+
+
+MINILM_BUILT = (REPO / "models" / "minilm" / "model.onnx").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("config", "operation", "answer"),
+    [
+        ("iris", "taskV1Predict", "predictions"),  # KServe v1 instances
+        pytest.param("minilm", "taskEmbeddings", "data", marks=pytest.mark.minilm),  # OpenAI embeddings
+    ],
+)
+def test_json_examples_work_as_filled_in(tmp_path: Path, config: str, operation: str, answer: str) -> None:
+    if config == "minilm":
+        _need(MINILM_BUILT, "models/minilm (make minilm; .ci/run builds it)")
+    with running_server(tmp_path, {"ONNXPOOL_CONFIG": config, "ONNXPOOL_SERVER__WORKERS": "1"}, workers=1) as server:
+        with chromium_at(server.url) as browser:
+            browser.open_docs()
+            status, reply = browser.try_it_out(operation)  # the body exactly as the page fills it in
+            browser.check()
+    assert status == "200" and reply[answer], reply
 
 
 def _screenshot(page: Any, path: Path) -> None:
