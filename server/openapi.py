@@ -451,7 +451,13 @@ def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> d
         "components": {"schemas": _schemas()},
     }
     if auth:
-        document["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        document["components"]["securitySchemes"] = {
+            "bearerAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the server's API keys ([auth]), sent as `Authorization: Bearer <key>`.",
+            }
+        }
         document["security"] = [{"bearerAuth": []}]
     return document
 
