@@ -335,7 +335,7 @@ def test_dashboard_variables_find_the_pod(scraped: Prometheus) -> None:
     for variable in dashboard()["templating"]["list"]:
         if variable["type"] != "query":
             continue
-        match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]["query"])
+        match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"])
         assert match, variable["query"]
         selector, label = substituted(match.group(1)), match.group(2)
         values = {s.get(label) for s in scraped.series(selector)}
