@@ -82,6 +82,9 @@ class ServerSettings(Section):
     pidfile: str = ""
     """Write the master's pid here ("" = no pidfile)."""
 
+    docs: bool = True
+    """Serve the API page (Swagger UI over /openapi.json, try-it-out included) at GET /docs; it needs no key."""
+
     run_dir: str = ""
     """Folder for everything the server writes while it runs (metrics files, validated model copies,
     worker heartbeats, the local response cache), in a per-run subfolder removed at exit; "" =

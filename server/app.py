@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, gates, instrument, openapi, routes_task, routes_v1, routes_v2
+from onnxpool.server import admission, auth, gates, instrument, openapi, routes_docs, routes_task, routes_v1, routes_v2
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
@@ -123,6 +123,7 @@ def create_app(
     app.register_blueprint(routes_v1.blueprint)
     app.register_blueprint(routes_task.blueprint_for(task))
     app.register_blueprint(openapi.blueprint)
+    routes_docs.install(app, settings.server.docs)
     # Every request that runs the model: one path, before Flask (server.dataplane).
     app.wsgi_app = DataPlane(app.wsgi_app, ctx, gates.of(app), operation_routes(ctx))  # type: ignore[method-assign]
     # request state, ids, Server-Timing, metrics, GET /metrics: outermost

@@ -412,7 +412,14 @@ def _openapi_path(rule: str, settings: Settings) -> tuple[str, list[Schema]]:
 
 
 def _operation_id(rule: str) -> str:
-    words = [w for w in rule.replace("<model>", "").replace(":", "/").split("/") if w and w not in ("v1", "v2")]
+    # The protocol version stays in a per-model rule's id: tabular serves both /predict and
+    # /v1/models/<model>:predict, and /docs' links and try-it-out need the two ids distinct.
+    keep_version = "<model>" in rule
+    words = [
+        w
+        for w in rule.replace("<model>", "").replace(":", "/").split("/")
+        if w and (keep_version or w not in ("v1", "v2"))
+    ]
     return "task" + "".join(w[:1].upper() + w[1:] for w in words if w != "models")
 
 
@@ -446,7 +453,13 @@ def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> d
         "components": {"schemas": _schemas()},
     }
     if auth:
-        document["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        document["components"]["securitySchemes"] = {
+            "bearerAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the server's API keys ([auth]), sent as `Authorization: Bearer <key>`.",
+            }
+        }
         document["security"] = [{"bearerAuth": []}]
     return document
 

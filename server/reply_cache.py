@@ -114,6 +114,8 @@ class ReplyCache:
             log.error("response cache (%s) not opened, serving without it: %s", self.settings.backend_name, exc)
             return
         self.cache = cache
+        if cache is not None and hook is not None:
+            metrics.cache_opened(cache.backend)
         if cache is not None and not self.settings.url:
             self._publish_bytes(cache.bytes_used())
 

@@ -11,7 +11,7 @@ emulated on this machine (as root, which CI is):
   v2 `cpu.max`), with the affinity mask (all of this machine's cores) wider than the quota.
 
 Checked: ready within the startup probe's budget, every probe of both containers (the exec
-probes run as the manifest says, over the socket), /metrics and a classification through
+probes run as the manifest says, over the socket), /metrics, /docs and a classification through
 nginx, the unpinned quota-sized layout line; then, on the same pod, slow clients (1 byte/s)
 and an overload of 64 connections straight at nginx's port with probes watched throughout;
 and, with a slow model, SIGTERM to both containers at once during requests: nothing lost.
@@ -503,6 +503,8 @@ def test_pod_serves_under_its_own_conditions(demo_pod: PodRun, pod: Pod, capsys:
     assert ok, detail
     metrics = requests.get(server.url + "/metrics", timeout=10)
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
+    for path in ("/docs", "/docs/swagger-ui-bundle.js", "/openapi.json"):  # the API page, in the pod
+        assert requests.get(server.url + path, timeout=10).status_code == 200, path
     with CAT.open("rb") as photo:
         answer = requests.post(server.url + "/predict", files={"image": photo}, timeout=30)
     assert answer.status_code == 200, answer.text

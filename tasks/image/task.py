@@ -173,6 +173,7 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
                     "required": False,
                     "description": "Labels per image (default: [task] top_k).",
                     "schema": {"type": "integer", "minimum": 1},
+                    "example": 3,
                 }
             ],
             "requestBody": {
@@ -183,11 +184,17 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
                             "type": "object",
                             "required": [IMAGE_FIELD],
                             "properties": {
-                                IMAGE_FIELD: {"type": "array", "items": binary},
+                                IMAGE_FIELD: {
+                                    "type": "array",
+                                    "items": binary,
+                                    "description": "One or more image files (JPEG, PNG, WebP, BMP, GIF, TIFF), "
+                                    "run as one batch.",
+                                },
                                 "top_k": {
                                     "type": "integer",
                                     "minimum": 1,
                                     "description": "Same as the query parameter.",
+                                    "example": 3,
                                 },
                             },
                         }

@@ -355,7 +355,18 @@ class Tabular(Task[Instances, Outputs, TabularSettings]):
                 "required": ["predictions"],
                 "properties": {"predictions": {"type": "array", "items": prediction}},
             },
+            _example(layout.features if layout is not None else tuple(self.settings.features)),
         )
+
+
+def _example(features: tuple[str, ...]) -> dict[str, Any] | None:
+    """A request of two rows for /docs, one as a list and one by feature name (when all are named); values 0."""
+    if not features:
+        return None
+    rows: list[Any] = [[0.0] * len(features)]
+    if all(features):
+        rows.append(dict.fromkeys(features, 0.0))
+    return {"instances": rows}
 
 
 def _is_column(spec: TensorSpec) -> bool:

@@ -175,4 +175,5 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
             },
             "Labels and scores, best first: one list for a string, a list of lists for a list",
             {"anyOf": [one, {"type": "array", "items": one}]},
+            {"inputs": ["I love this phone.", "The battery died after an hour."]},
         )

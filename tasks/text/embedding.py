@@ -178,7 +178,11 @@ class TextEmbedding(TextTask[EmbeddingsRequest, Embeddings, TextEmbeddingOptions
                                 "dimensions": {"type": "integer", "minimum": 1},
                                 "user": {"type": "string"},
                             },
-                        }
+                        },
+                        "example": {
+                            "model": self.served.name,
+                            "input": ["The cat sat.", "A feline was sitting."],
+                        },
                     }
                 },
             },
