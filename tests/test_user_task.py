@@ -261,3 +261,19 @@ def test_a_task_written_for_the_first_api_is_refused_at_start_with_one_line(tmp_
     assert len(lines) == 1, server.log()
     assert "OldScorer: it is written for the first task API: rename check(model) to bind(model)" in lines[0]
     assert "'From the first task API'" in lines[0] and "From the first task API" in PAGE
+
+
+def test_the_detector_runs_in_process_as_the_page_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, shell = _detector(tmp_path / "site")
+    (config.parent / "models").mkdir()
+    (config.parent / "models" / "samples").symlink_to(REPO / "models" / "samples")
+    monkeypatch.chdir(config.parent)
+    scope: dict[str, Any] = {}
+    snippet = _block("python", "from pathlib import Path\n\nfrom onnxpool.local import")
+    exec(snippet, scope)  # the page's snippet, as written
+    promised = re.search(r"^# (\{.*\})$", shell, re.M)
+    assert promised is not None
+    page = json.loads(promised.group(1))
+    assert scope["reply"]["photos"][0]["detections"][0]["label"] == page["photos"][0]["detections"][0]["label"]
+    assert _same_boxes(scope["reply"]["photos"][0]["detections"], page["photos"][0]["detections"], tol=0.2)
+    assert type(scope["result"]).__name__ == "Detections" and scope["result"].sizes == [(451, 300)]
