@@ -206,23 +206,21 @@ def _print_speed(report: dict[str, Any]) -> None:
 
 def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
     """A text-embedding model ([model] task of the --config): dynamic INT8, judged by cosine."""
-    from pydantic import ValidationError
-
+    from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.measure.progress import Progress
     from onnxpool.quantize.report import report_path
     from onnxpool.quantize.text import TextQuantizeOptions, run_quantize_text
-    from onnxpool.tasks.text.options import TextEmbeddingOptions
 
     if args.eval is None:
         return fail("--eval FILE (held-out sentences: a JSON array of strings, or one per line) is required")
-    try:
-        task = TextEmbeddingOptions.model_validate(settings.task)
-    except ValidationError as exc:
-        return fail(f"[task] of {args.config}: {exc.errors()[0]['msg']}")
+    try:  # the served settings, with every sentence judged (cut to the model's limit as the server cuts it)
+        served = load_settings(args.config, overrides={"task.truncate": True})
+    except ConfigError as exc:
+        return fail(str(exc))
     options = TextQuantizeOptions(
         model=args.model or Path(settings.model.path),
         output=args.output,
-        task=task,
+        settings=served,
         eval=args.eval,
         search=args.calibration,
         min_cosine=args.min_cosine,

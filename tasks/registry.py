@@ -111,8 +111,11 @@ def class_problem(cls: type[AnyTask]) -> str:
 
 
 def _written_for_first_api(cls: type[AnyTask]) -> bool:
-    """A class of the first task API: `check(model)`, or `model` passed to the per-request methods."""
+    """A class of the first task API: `check(model)`, `__init__(settings, options)`, or `model` passed to
+    the per-request methods."""
     if "check" in {name for klass in cls.__mro__ if klass is not Task for name in vars(klass)}:
+        return True
+    if cls.__init__ is not Task.__init__ and "options" in inspect.signature(cls.__init__).parameters:
         return True
     for method, first_api_arity in (("feeds", 3), ("run", 4), ("output_names", 2), ("tensor_signature", 2)):
         function = getattr(cls, method)
