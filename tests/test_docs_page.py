@@ -30,9 +30,10 @@ from PIL import Image
 from onnxpool.config.loader import load_settings
 from onnxpool.server.app import create_app
 from onnxpool.server.routes_docs import CONTENT_SECURITY_POLICY, SWAGGER_UI_FILES
+from onnxpool.tasks.registry import build_task
 from onnxpool.workers.session import SessionRuntime
 from tests.deploy_harness import Instance, Nginx, nginx_binary, start_instance, start_nginx
-from tests.harness import DATA, REPO, running_server
+from tests.harness import DATA, DEMO_MODEL_INFO, REPO, running_server
 from tests.k8s_render import in_ci
 
 API_KEY = "docs-page-key-0123456789"
@@ -44,8 +45,9 @@ class _Client:
     """An app built in process (no model loaded: the page needs none); each reply read whole and closed."""
 
     def __init__(self, **env: str) -> None:
-        settings = load_settings(environ={f"ONNXPOOL_{k}": v for k, v in env.items()}).settings
-        self._client = create_app(settings, SessionRuntime()).test_client()
+        loaded = load_settings(environ={f"ONNXPOOL_{k}": v for k, v in env.items()})
+        task = build_task(loaded, DEMO_MODEL_INFO)
+        self._client = create_app(loaded.settings, SessionRuntime(), task=task).test_client()
 
     def get(self, path: str, **kwargs: Any) -> Any:
         reply = self._client.get(path, **kwargs)

@@ -22,22 +22,15 @@ from onnxpool.config.settings import Settings
 from onnxpool.server.app import create_app
 from onnxpool.server.openapi import openapi_document
 from onnxpool.tasks.registry import AnyTask, build_task
-from onnxpool.workers.model_info import ModelInfo, TensorSpec
 from onnxpool.workers.session import SessionRuntime
-from tests.harness import Server
+from tests.harness import DEMO_MODEL_INFO, Server
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 
 
-DEMO_TENSORS = ModelInfo(
-    inputs=(TensorSpec("input", "tensor(float)", (-1, 3, 224, 224)),),
-    outputs=(TensorSpec("logits", "tensor(float)", (-1, 1000)),),
-)
-
-
 def _settings_and_task() -> tuple[Settings, AnyTask]:
     loaded = load_settings(environ={})
-    return loaded.settings, build_task(loaded, DEMO_TENSORS)
+    return loaded.settings, build_task(loaded, DEMO_MODEL_INFO)
 
 
 def _flask_path(rule: str) -> str:
@@ -53,7 +46,7 @@ def test_document_is_valid_openapi(auth: bool) -> None:
 
 def test_document_describes_every_route() -> None:
     settings = load_settings(environ={}).settings
-    task = build_task(LoadedSettings(settings), DEMO_TENSORS)
+    task = build_task(LoadedSettings(settings), DEMO_MODEL_INFO)
     app = create_app(settings, SessionRuntime(), task=task)
     # /docs (the page over this document and its files) is not part of the API it describes.
     api_rules = [r for r in app.url_map.iter_rules() if r.endpoint != "static" and not r.endpoint.startswith("docs.")]
