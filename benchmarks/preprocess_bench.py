@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.measure.paths import CAT_JPEG
 from onnxpool.tasks.image.imaging import ImagePipeline, resized_size
+from onnxpool.tasks.image.settings import PreprocessSettings
 
 CAT = CAT_JPEG
 

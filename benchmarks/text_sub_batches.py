@@ -1,10 +1,11 @@
 """In-process: one padded batch vs length-sorted sub-batches, on the real text model.
 
-Takes `--batch` mixed-length sentences from `benchmarks.text_sentences` (a seeded sample),
-tokenizes them once, then alternates rounds of: the whole request as one padded batch, and
-the same request sorted by length in sub-batches of each `--sizes` value (through
-`onnxpool.tasks.text.pipeline.embed_batch`, i.e. what a worker would run), on one
-onnxruntime session with `--threads` intra-op threads. Prints sentences/s per layout
+Takes `--batch` mixed-length sentences from `benchmarks.text_sentences` (a seeded sample) as
+one request, then alternates rounds of: the request as one padded batch (`[task] sub_batch = 0`),
+and the same request sorted by length in sub-batches of each `--sizes` value (`sub_batch`, no
+`sub_batch_tokens` cap), each the served text-embedding task (config/minilm.toml, built through
+the registry, `TextEmbedding.run`: what a worker runs, tokenizing included), on one onnxruntime
+session with `--threads` intra-op threads. Prints sentences/s per layout
 (median over rounds) and checks that every layout gives the same vectors.
 
     .venv/bin/python -m benchmarks.text_sub_batches --batch 32 --sizes 4 8 16 --rounds 5
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.minilm_check import MINILM
+from benchmarks.minilm_check import MINILM, served_task
 from benchmarks.text_sentences import sentences
 
 
@@ -40,35 +41,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.model}/model.onnx is missing: run `make minilm` first", file=sys.stderr)
         return 1
 
-    import onnxruntime as ort
+    from onnxpool.local import LocalRequest, settings_for
+    from onnxpool.tasks.registry import build_task
+    from onnxpool.tasks.text.embedding import TextEmbedding
 
-    from onnxpool.tasks.text.options import TextEmbeddingOptions, resolve
-    from onnxpool.tasks.text.pipeline import embed_batch
-    from onnxpool.tasks.text.tokenizing import configure_threads
-
-    configure_threads(args.threads)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(args.model / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    task = resolve(TextEmbeddingOptions(truncate=True), args.model, tuple(i.name for i in session.get_inputs()))
-    texts = random.Random(args.seed).sample(sentences(), args.batch)
-    encoded = task.tokenizer.encode(texts, truncate=True)
-    print(
-        f"{len(texts)} sentences, {int(encoded.lengths.min())} to {int(encoded.lengths.max())} tokens "
-        f"(median {int(np.median(encoded.lengths))}); {args.threads} thread(s)"
-    )
-
-    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return np.asarray(session.run(["last_hidden_state"], feeds)[0])
-
+    local = served_task(args.model, args.threads)
     layouts: list[int | None] = [None, *args.sizes]
-    reference = embed_batch(encoded, run, task.pooling, batch_size=None)  # also the warm-up
+    tasks: dict[int | None, TextEmbedding] = {}
+    for layout in layouts:  # the served task per layout, all on the one session (no token cap)
+        loaded = settings_for(
+            "minilm",
+            args.model / "model.onnx",
+            {"task.truncate": True, "task.sub_batch": layout or 0, "task.sub_batch_tokens": 0},
+        )
+        task = build_task(loaded, local.task.model)
+        assert isinstance(task, TextEmbedding)
+        tasks[layout] = task
+    texts = random.Random(args.seed).sample(sentences(), args.batch)
+    reference_task = tasks[None]
+    request = reference_task.read(
+        LocalRequest.json({"input": texts, "model": reference_task.served.name}, route="/v1/embeddings")
+    )
+    lengths = reference_task.encode(texts, None).lengths
+    print(
+        f"{len(texts)} sentences, {int(lengths.min())} to {int(lengths.max())} tokens "
+        f"(median {int(np.median(lengths))}); {args.threads} thread(s)"
+    )
+    reference = reference_task.run(request, local.runner).vectors  # also the warm-up
     rates: dict[int | None, list[float]] = {layout: [] for layout in layouts}
     for _ in range(args.rounds):
         for layout in layouts:
             start = time.perf_counter()
-            vectors = embed_batch(encoded, run, task.pooling, batch_size=layout)
+            vectors = tasks[layout].run(request, local.runner).vectors
             rates[layout].append(len(texts) / (time.perf_counter() - start))
             if not np.allclose(vectors, reference, atol=1e-5):
                 print(f"layout {layout} gave different vectors", file=sys.stderr)

@@ -2,9 +2,10 @@
 
 It knows nothing of HTTP servers, routes or tasks, and imports only the settings
 (`[cache]`, `onnxpool.config.settings.CacheSettings`, declared once there). The HTTP
-layer (`onnxpool.server.reply_cache`) builds a key per request from the canonical
-bytes a task gives it, asks `ResponseCache.lookup`, and on a miss computes the reply
-and hands it to `ResponseCache.store_reply`. Everything here is off the request path's
+layer's data plane (`onnxpool.server.dataplane`, through `onnxpool.server.reply_cache`)
+builds a key per request from the canonical bytes a task gives it, asks
+`ResponseCache.lookup`, and on a miss computes the reply and hands it to
+`ResponseCache.store_reply`. Everything here is off the request path's
 failure modes: a broken or slow cache is a miss, never an error or a stall past a
 short timeout. LMDB and Redis are imported here and nowhere else (an import contract
 in pyproject.toml).
@@ -19,9 +20,9 @@ Modules, one topic each:
 
 Lifecycle under gunicorn (pre-fork, `preload_app = True`)::
 
-    # master, before forking (e.g. in `on_starting` / app factory):
+    # master, before forking (onnxpool.hooks, once per run folder):
     prepare(settings, run_dir / "cache")        # creates folder + empty LMDB store, opens nothing
-    # each worker, AFTER fork (gunicorn `post_fork`, or lazily on the first request):
+    # each worker, AFTER fork (gunicorn `post_fork`: ReplyCache.open):
     cache = open_cache(settings, run_dir / "cache", on_event=metrics_hook)
 
 Why open after fork: an LMDB environment (its memory map, the lock file's

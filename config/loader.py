@@ -27,13 +27,18 @@ DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # Settings whose values are file paths: relative ones are resolved against the
 # TOML file's folder (or, for env values, the current directory) at load time,
 # so workers and tools never depend on the directory they were started from.
-PATH_KEYS = (("model", "path"), ("model", "labels"), ("auth", "api_keys_file"))
+PATH_KEYS = (("model", "path"), ("auth", "api_keys_file"))
+OLD_PATH_KEYS = (("model", "labels"),)  # MOVED_TO_TASK: resolved where it was written, then moved
 PATH_LIST_KEYS = (("model", "cpu_variants"),)
 
 Key = tuple[str, ...]
 TASK_TABLE = "task"
 """`[task]`: the task's own settings, validated by the task's model (onnxpool.tasks.registry), not here."""
 TASK_KEY: Key = ("model", "task")
+MOVED_TO_TASK = ("labels", "input_name", "output_name", "postprocess", "top_k", "preprocess")
+"""Keys `[model]` held before tasks had tables of their own: now the `[task]` table's (the image
+task's, and `labels` of the tabular and text-classification tasks too). Still read from `[model]`,
+with one warning line each, so settings files written for the old layout keep working."""
 # Values never printed (config errors, `onnxpool config`): they are credentials.
 SECRET_KEYS: frozenset[Key] = frozenset({("auth", "api_keys")})
 
@@ -49,6 +54,14 @@ class LoadedSettings:
     settings: Settings
     sources: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
+    warnings: tuple[str, ...] = ()
+    """One line each, for the log at start (e.g. a key read from its old place)."""
+    moved_to_task: frozenset[str] = frozenset()
+    """`[task]` keys that were written in `[model]` (MOVED_TO_TASK): a task that has no such key ignores
+    them, as every task but image classification always did."""
+    task_path_bases: dict[str, Path] = field(default_factory=dict)
+    """Per `[task]` key, the folder a relative path in it resolves against: the settings file's
+    (the environment's: the current directory). The task's own model knows which keys are paths."""
 
     def key_sources(self) -> dict[Key, str]:
         """`sources` keyed by key tuples, as error messages look them up."""
@@ -105,7 +118,13 @@ def load_settings(
         key = tuple(dotted.split("."))
         _assign(merged, key, value)
         sources[key] = "override"
+    warnings, moved = _move_task_keys(merged, sources)
     _resolve_default_paths(merged, sources)
+    bases = {
+        key[1]: (config_file.parent if where.startswith("file ") else Path.cwd())
+        for key, where in sources.items()
+        if len(key) > 1 and key[0] == TASK_TABLE
+    }
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as exc:
@@ -116,7 +135,54 @@ def load_settings(
         settings=settings,
         sources={".".join(k): v for k, v in sorted(every_key.items())},
         config_file=config_file,
+        warnings=tuple(warnings),
+        moved_to_task=frozenset(key[1] for key, where in sources.items() if key[0] == TASK_TABLE and key in moved),
+        task_path_bases=bases,
     )
+
+
+def _move_task_keys(merged: dict[str, Any], sources: dict[Key, str]) -> tuple[list[str], set[Key]]:
+    """`[model]` keys of the old layout (MOVED_TO_TASK) moved into `[task]`, one warning line each.
+
+    Value by value (`[model.preprocess] crop` becomes `[task.preprocess] crop`); a value already
+    in `[task]` wins unless the old key came from a stronger source (the environment over a file).
+    """
+    model = merged.get("model")
+    moved: set[Key] = set()
+    if not isinstance(model, dict):
+        return [], moved
+    warnings = []
+    for name in MOVED_TO_TASK:
+        if name not in model:
+            continue
+        value = model.pop(name)
+        leaves = (
+            list(_leaves(value, ("model", name)))
+            if isinstance(value, Mapping) and value
+            else [(("model", name), value)]
+        )
+        for old, leaf in leaves:
+            new: Key = (TASK_TABLE, *old[1:])
+            where = sources.pop(old, "input")
+            old_name, new_name = _dotted_key(old), _dotted_key(new)
+            if new in sources and _strength(sources[new]) >= _strength(where):
+                warnings.append(f"settings: {old_name} (from {where}) is ignored: {new_name} is set; remove it")
+                continue
+            _assign(merged, new, leaf)
+            sources[new] = where
+            moved.add(new)
+            warnings.append(f"settings: {old_name} (from {where}) is now {new_name}: move it there")
+    return warnings, moved
+
+
+def _dotted_key(key: Key) -> str:
+    """`[model] labels`, `[task.preprocess] crop`: a key as it is written in a settings file."""
+    return f"[{'.'.join(key[:-1])}] {key[-1]}"
+
+
+def _strength(source: str) -> int:
+    """Which source wins: an override, then the environment, then a file."""
+    return 3 if source == "override" else 2 if source.startswith("env ") else 1
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -147,7 +213,8 @@ def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
         if not var.startswith(ENV_PREFIX) or var in (ENV_CONFIG_FILE, ENV_CPUINFO):
             continue
         key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
-        if key not in known and not (key[0] == TASK_TABLE and len(key) > 1):
+        moved = key[0] == "model" and len(key) > 1 and key[1] in MOVED_TO_TASK
+        if key not in known and not moved and not (key[0] == TASK_TABLE and len(key) > 1):
             same_section = [k for k in known if k[:-1] == key[:-1]] or [k[:1] for k in known]
             allowed = ", ".join(sorted({ENV_PREFIX + "__".join(k).upper() for k in same_section}))
             raise ConfigError(f"unknown setting in environment variable {var}; allowed: {allowed}")
@@ -182,7 +249,7 @@ def _resolve_path(key: Key, value: Any, base: Path) -> Any:
         if sep and file.endswith(".py") and not Path(file).expanduser().is_absolute():
             return f"{(base / Path(file).expanduser()).resolve()}:{name}"
         return value
-    if key in PATH_KEYS and isinstance(value, str) and value:
+    if (key in PATH_KEYS or key in OLD_PATH_KEYS) and isinstance(value, str) and value:
         candidate = Path(value).expanduser()
         return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
     if key in PATH_LIST_KEYS and isinstance(value, list):

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Auto = Literal["auto"]
 
@@ -82,6 +82,9 @@ class ServerSettings(Section):
     pidfile: str = ""
     """Write the master's pid here ("" = no pidfile)."""
 
+    docs: bool = True
+    """Serve the API page (Swagger UI over /openapi.json, try-it-out included) at GET /docs; it needs no key."""
+
     run_dir: str = ""
     """Folder for everything the server writes while it runs (metrics files, validated model copies,
     worker heartbeats, the local response cache), in a per-run subfolder removed at exit; "" =
@@ -109,61 +112,18 @@ class ServerSettings(Section):
         return value
 
 
-class PreprocessSettings(Section):
-    """`[model.preprocess]`: how an uploaded image becomes the model's input tensor.
-
-    normalised = (pixel * scale - mean) / std, per channel, in `channel_order`.
-    """
-
-    resize: int = Field(default=256, ge=1)
-    """Resize so the shorter side is this many pixels (keeps the aspect ratio)."""
-
-    crop: int = Field(default=224, ge=1)
-    """Centre crop to crop x crop pixels after the resize."""
-
-    mean: tuple[float, float, float] = (127.0, 127.0, 127.0)
-    """Per-channel mean subtracted after scaling (in channel_order)."""
-
-    std: tuple[float, float, float] = (128.0, 128.0, 128.0)
-    """Per-channel divisor after the mean (in channel_order)."""
-
-    scale: float = Field(default=1.0, gt=0)
-    """Pixel values (0..255) are multiplied by this first (e.g. 1/255)."""
-
-    layout: Literal["NCHW", "NHWC"] = "NCHW"
-    """Tensor layout the model expects."""
-
-    channel_order: Literal["RGB", "BGR"] = "RGB"
-    """Channel order the model expects."""
-
-    dtype: Literal["float32", "float16", "uint8"] = "float32"
-    """Element type of the input tensor."""
-
-    resample: Literal["bilinear", "bicubic", "nearest", "lanczos"] = "bilinear"
-    """Resampling filter for the resize."""
-
-    @field_validator("std")
-    @classmethod
-    def _nonzero_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
-        if any(v == 0 for v in value):
-            raise ValueError("std values must be non-zero")
-        return value
-
-    @model_validator(mode="after")
-    def _crop_fits(self) -> PreprocessSettings:
-        if self.crop > self.resize:
-            raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
-        return self
-
-
 class ModelSettings(Section):
-    """`[model]`: the one model this server serves."""
+    """`[model]`: the one model this server serves: its file, how its session is made, its task.
+
+    Nothing here is a task's: what a request and a reply look like (labels, top_k, image
+    preprocessing...) is the `[task]` table, checked by the task."""
 
     task: str = "auto"
     """What turns requests into the model's inputs and its outputs into replies: a built-in task
-    (`image-classification`, `tabular`, `tensors`) or your own, `package.module:Class` or
-    `file.py:Class` (docs/TASKS.md). `auto`: image-classification when the model's first input is
-    4-D, else tensors. Its settings are the `[task]` table, checked by the task."""
+    (`image-classification`, `tabular`, `tensors`, `text-embedding`, `text-classification`) or
+    your own, `package.module:Class` or `file.py:Class` (docs/TASKS.md). `auto`:
+    image-classification when the model's first input is 4-D, else tensors. Its settings are
+    the `[task]` table, checked by the task."""
     name: str = Field(default="efficientnet-lite0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     """Name in URLs (/v2/models/{name}); letters, digits, `_ . -`."""
 
@@ -172,21 +132,6 @@ class ModelSettings(Section):
 
     path: Path = Path("../models/efficientnet-lite0/model.onnx")
     """The .onnx file. Relative paths in the TOML file are relative to that file."""
-
-    labels: Path | None = Path("../models/efficientnet-lite0/labels.txt")
-    """UTF-8 file with one class name per line, in output-index order (optional; "" = none)."""
-
-    input_name: str = ""
-    """Image input for /classify ("" = the model's first input)."""
-
-    output_name: str = ""
-    """Score output for /classify ("" = the model's first output)."""
-
-    postprocess: Literal["softmax", "sigmoid", "none"] = "softmax"
-    """What turns the output into scores: softmax (logits), sigmoid (multi-label), none."""
-
-    top_k: int = Field(default=5, ge=1)
-    """Default number of labels returned per image."""
 
     warmup_runs: int = Field(default=3, ge=0, le=1000)
     """Inferences each worker runs before it takes traffic (the first one is always slow)."""
@@ -226,13 +171,6 @@ class ModelSettings(Section):
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""
-
-    preprocess: PreprocessSettings = PreprocessSettings()
-
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value == "" else value
 
 
 class LimitsSettings(Section):

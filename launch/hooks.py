@@ -163,8 +163,10 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
     from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
 
     settings = generation.settings
-    # The task, built and checked against the model here, before any fork: its class imported,
+    # The task, built and bound to the model here, before any fork: its class imported and checked,
     # its [task] table validated, its files read, its inputs and outputs matched to the model's.
+    for line in generation.loaded.warnings:
+        log.warning("%s", line)
     task = build_task(generation.loaded, generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
     return create_app(settings, RUNTIME, plan, task)
@@ -199,6 +201,8 @@ def _log_task(s: Serving) -> None:
         else ""
     )
     log.info("task: %s%s; routes: %s", task.name, why, ", ".join(f"POST {rule}" for rule in task.routes))
+    if not task.caches_replies():
+        log.info("task %s: replies are never cached (the task defines no canonical bytes)", task.name)
 
 
 def serving() -> Serving:

@@ -182,12 +182,15 @@ def limit_command(args: argparse.Namespace) -> int:
     from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.measure.limit import LimitPlan, image_pipeline_available, measure_alternating, median_ratio
     from onnxpool.measure.report import format_table
+    from onnxpool.tasks.image.settings import image_settings
     from onnxpool.workers.cores import plan_layout, usable_cores
 
     try:
-        settings = load_settings(args.config).settings
+        loaded = load_settings(args.config)
+        preprocess = image_settings(loaded).preprocess
     except ConfigError as exc:
         return fail(str(exc))
+    settings = loaded.settings
     model = args.model or settings.model.path
     for path in (model, *args.compare):
         if not Path(path).is_file():
@@ -216,7 +219,7 @@ def limit_command(args: argparse.Namespace) -> int:
                 spin=settings.server.spin,
                 optimization=settings.model.graph_optimization_level,
                 image=args.image.read_bytes() if pipeline == "image" else None,
-                preprocess=settings.model.preprocess,
+                preprocess=preprocess,
                 limits=settings.limits,
             )
             for name, path in models.items()

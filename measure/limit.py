@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
+from onnxpool.tasks.image.settings import PreprocessSettings
 from onnxpool.workers.cores import Layout
 
 Pipeline = Literal["raw", "image"]

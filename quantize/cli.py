@@ -85,7 +85,7 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node float too")
     parser.add_argument("--speed-seconds", type=float, default=3.0, help="per model and round; 0 = no speed (3)")
     parser.add_argument("--speed-rounds", type=int, default=3, help="alternating FP32/INT8 rounds (default 3)")
-    parser.add_argument("--config", help="TOML settings file: [model.preprocess] and [limits] used for the images")
+    parser.add_argument("--config", help="TOML settings file: [task.preprocess] and [limits] used for the images")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -94,9 +94,10 @@ def quantize_command(args: argparse.Namespace) -> int:
     from onnxpool.measure.progress import Progress
 
     try:
-        settings = load_settings(args.config).settings
+        loaded = load_settings(args.config)
     except ConfigError as exc:
         return fail(str(exc))
+    settings = loaded.settings
     try:
         from onnxpool.quantize.pipeline import QuantizeOptions, run_quantize, unevaluated
         from onnxpool.quantize.report import report_path
@@ -110,14 +111,22 @@ def quantize_command(args: argparse.Namespace) -> int:
         )
     if args.calibration is None:
         return fail("--calibration DIR (a folder of calibration images) is required for an image model")
+    from onnxpool.tasks.image.settings import image_settings
+    from onnxpool.tasks.image.task import labels_file
+
+    try:
+        image = image_settings(loaded)
+    except ConfigError as exc:
+        return fail(str(exc))
     labels: tuple[str, ...] = ()
-    if settings.model.labels is not None and Path(settings.model.labels).is_file():
-        labels = tuple(Path(settings.model.labels).read_text(encoding="utf-8").splitlines())
+    names = labels_file(image.labels, Path(settings.model.path))
+    if names is not None and names.is_file():
+        labels = tuple(names.read_text(encoding="utf-8").splitlines())
     options = QuantizeOptions(
         model=args.model or Path(settings.model.path),
         calibration=args.calibration,
         output=args.output,
-        preprocess=settings.model.preprocess,
+        preprocess=image.preprocess,
         limits=settings.limits,
         class_names=labels,
         eval=args.eval,
@@ -197,23 +206,21 @@ def _print_speed(report: dict[str, Any]) -> None:
 
 def _quantize_text(args: argparse.Namespace, settings: Any) -> int:
     """A text-embedding model ([model] task of the --config): dynamic INT8, judged by cosine."""
-    from pydantic import ValidationError
-
+    from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.measure.progress import Progress
     from onnxpool.quantize.report import report_path
     from onnxpool.quantize.text import TextQuantizeOptions, run_quantize_text
-    from onnxpool.tasks.text.options import TextEmbeddingOptions
 
     if args.eval is None:
         return fail("--eval FILE (held-out sentences: a JSON array of strings, or one per line) is required")
-    try:
-        task = TextEmbeddingOptions.model_validate(settings.task)
-    except ValidationError as exc:
-        return fail(f"[task] of {args.config}: {exc.errors()[0]['msg']}")
+    try:  # the served settings, with every sentence judged (cut to the model's limit as the server cuts it)
+        served = load_settings(args.config, overrides={"task.truncate": True})
+    except ConfigError as exc:
+        return fail(str(exc))
     options = TextQuantizeOptions(
         model=args.model or Path(settings.model.path),
         output=args.output,
-        task=task,
+        settings=served,
         eval=args.eval,
         search=args.calibration,
         min_cosine=args.min_cosine,

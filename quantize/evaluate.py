@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from onnxpool.config.settings import PreprocessSettings
 from onnxpool.measure.progress import Progress, bar
 from onnxpool.quantize.images import FloatArray
+from onnxpool.tasks.image.settings import PreprocessSettings
 
 
 def run_logits(session: Any, images: FloatArray, progress: Progress | None = None, what: str = "") -> FloatArray:

@@ -34,7 +34,7 @@ def float_input(model_path: Path, image_shape: Sequence[int] | None = None) -> s
     ):
         shown = ", ".join("?" if d is None else str(d) for d in dims)
         raise QuantizeError(
-            f"model input {floats[0].name!r} is [{shown}] but [model.preprocess] makes images of "
+            f"model input {floats[0].name!r} is [{shown}] but [task.preprocess] makes images of "
             f"{list(image_shape)}: pass the model's settings with --config"
         )
     return str(floats[0].name)

@@ -1,6 +1,6 @@
 """Step 1, images: every file of a folder through the server's OWN preprocessing.
 
-`onnxpool.tasks.image.imaging.ImagePipeline` with `[model.preprocess]` of the active settings, so the
+`onnxpool.tasks.image.imaging.ImagePipeline` with `[task.preprocess]` of the active settings, so the
 INT8 model is calibrated and judged on exactly what it will see in production. Files that are
 not images are skipped and counted. `views` > 1 adds the mirror and random crops of each photo
 (seeded by its name, so runs repeat). Labels come from a labels file or class folders.

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.measure.progress import Progress
 from onnxpool.quantize.calibrate import Reader, calibrate, quantize_with
 from onnxpool.quantize.emulate import emulated_logits
@@ -52,6 +52,7 @@ from onnxpool.quantize.targets import (
     plan_judges,
 )
 from onnxpool.tasks.image.imaging import ImagePipeline
+from onnxpool.tasks.image.settings import PreprocessSettings
 from onnxpool.workers.cpu_fit import cpu_flags
 
 
@@ -87,7 +88,7 @@ def _check_inputs(opts: QuantizeOptions) -> None:
     if not opts.model.is_file():
         raise QuantizeError(f"model file {opts.model} does not exist")
     if opts.preprocess.dtype != "float32":
-        raise QuantizeError(f"[model.preprocess] dtype is {opts.preprocess.dtype}; quantize needs a float32 input")
+        raise QuantizeError(f"[task.preprocess] dtype is {opts.preprocess.dtype}; quantize needs a float32 input")
     if not opts.output.parent.is_dir():
         raise QuantizeError(f"output folder {opts.output.parent} does not exist")
 

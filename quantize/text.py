@@ -8,8 +8,9 @@ calibration images; what decides the model is the target (`targets.choose_recipe
 weights for `portable`/`avx2`, because MatMulInteger's u8 x s8 kernel without VNNI adds
 pairs of products into saturating int16, as for images) and which MatMuls stay float.
 
-Judged as the server computes embeddings (the task's own tokenizer, length-sorted
-sub-batches, pooling and normalisation from the model folder): per sentence the cosine of
+Judged by the served task itself (`onnxpool.local.load_task`: the settings' text-embedding
+task, built through the registry, its own tokenizer, length-sorted sub-batches, pooling and
+normalisation, run by `TextEmbedding.run` on each candidate's session): per sentence the cosine of
 the INT8 embedding to the FP32 one, and retrieval (each sentence a query against all the
 others: how many of FP32's 10 nearest are INT8's 10 nearest). The budget is the mean cosine.
 Each kernel family of the target is judged natively or under qemu (`emulate`), exactly as
@@ -28,12 +29,15 @@ import json
 import platform
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from onnxpool.config.loader import ConfigError, LoadedSettings
+from onnxpool.local import LocalRequest, SessionRunner, load_task, open_session
 from onnxpool.measure.progress import Progress, bar
 from onnxpool.quantize.calibrate import stamp_recipe
 from onnxpool.quantize.emulate import emulated_outputs, save_arrays
@@ -41,11 +45,9 @@ from onnxpool.quantize.errors import QuantizeError
 from onnxpool.quantize.report import cpu_description, versions, write_outputs
 from onnxpool.quantize.speed import compare_speed
 from onnxpool.quantize.targets import HOST, Judge, Recipe, choose_recipe, find_qemu, plan_judges
-from onnxpool.tasks.text.options import TextEmbeddingOptions, TextEmbeddingTask, resolve
-from onnxpool.tasks.text.pipeline import embed_batch
-from onnxpool.tasks.text.pooling import embed
-from onnxpool.tasks.text.sorting import plan_sub_batches
-from onnxpool.tasks.text.tokenizing import EncodedBatch
+from onnxpool.tasks.api import Feeds, Outputs, Runner
+from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.text.embedding import TextEmbedding
 from onnxpool.workers.cpu_fit import cpu_flags
 
 RETRIEVAL_K = 10
@@ -56,7 +58,9 @@ SPEED_BATCH = 8  # sentences per timed run: the task's default sub-batch
 class TextQuantizeOptions:
     model: Path
     output: Path
-    task: TextEmbeddingOptions
+    settings: LoadedSettings
+    """The served settings ([model] task = text-embedding), with `[task] truncate = true`: every
+    sentence is judged, cut to the model's limit as the server cuts it."""
     eval: Path
     """Held-out sentences: the final numbers."""
     search: Path | None = None
@@ -154,46 +158,105 @@ def quantize_dynamic_with(model: Path, out: Path, recipe: Recipe, version: str) 
 
 
 class Embedder:
-    """Embeddings of a fixed set of sentences the way a worker computes them, on any kernels."""
+    """Embeddings of a fixed set of sentences computed by the served task (`TextEmbedding.run`), on any kernels.
 
-    def __init__(self, task: TextEmbeddingTask, sentences: Sequence[str], threads: int) -> None:
+    The sentences go to the task as requests of at most `[task] max_batch` each, read by its own
+    `read`, as a client's would be. Under qemu the model runs in separate emulated processes over
+    every sub-batch at once, so the task runs twice: once natively, recording the feeds it asks
+    for, then over the emulated outputs of those feeds, replayed in order.
+    """
+
+    def __init__(self, task: TextEmbedding, sentences: Sequence[str], threads: int) -> None:
         self.task, self.threads = task, threads
-        self.encoded: EncodedBatch = task.tokenizer.encode(list(sentences), truncate=True)
-        self.output = task.options.output
+        step = task.settings.max_batch
+        texts = list(sentences)
+        try:
+            self.requests = [
+                task.read(LocalRequest.json({"input": texts[i : i + step], "model": task.served.name}, task.routes[0]))
+                for i in range(0, len(texts), step)
+            ]
+        except OnnxpoolError as exc:
+            raise QuantizeError(f"the text task refuses the sentences: {exc.message}") from None
+        self.output = task.settings.output
+        self.recorded: list[dict[str, np.ndarray]] | None = None
+
+    def _embed(self, runner: Runner) -> np.ndarray:
+        return np.concatenate([self.task.run(request, runner).vectors for request in self.requests])
 
     def native(self, model: Path) -> np.ndarray:
-        from onnxpool.workers.session import build_session
-
-        session = build_session(model, self.threads)
-
-        def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-            return np.asarray(session.run([self.output], feeds)[0])
-
-        return embed_batch(
-            self.encoded, run, self.task.pooling, batch_size=self.task.sub_batch, max_tokens=self.task.sub_batch_tokens
-        )
+        recorder = RecordingRunner(SessionRunner(open_session(model, self.threads)))
+        vectors = self._embed(recorder)
+        self.recorded = self.recorded or recorder.feeds  # the same sentences always ask for the same feeds
+        return vectors
 
     def emulated(self, judge: Judge, model: Path, status: Callable[[str], None] | None) -> np.ndarray:
-        plan = plan_sub_batches(self.encoded.lengths, self.task.sub_batch, self.task.sub_batch_tokens)
-        parts = [self.encoded.select(rows) for rows in plan.batches]
-        hidden = emulated_outputs(
+        if self.recorded is None:
+            self.native(model)
+        assert self.recorded is not None
+        outputs = emulated_outputs(
             judge.command,
             model,
-            [part.feeds() for part in parts],
+            self.recorded,
             self.threads,
             status,
             f"{judge.kernels.name} (qemu)",
             "sub-batches",
             self.output,
         )
-        return plan.restore([embed(h, p.attention_mask, self.task.pooling) for h, p in zip(hidden, parts, strict=True)])
+        replay = ReplayRunner(self.recorded, outputs)
+        vectors = self._embed(replay)
+        replay.finished()
+        return vectors
 
     def speed_feeds(self, path: Path) -> Path:
         """SPEED_BATCH sentences of median length, padded as the task pads them, saved for `measure.limit`."""
-        order = np.argsort(self.encoded.lengths, kind="stable")
+        encoded = self.task.encode([text for request in self.requests for text in request.texts], None)
+        order = np.argsort(encoded.lengths, kind="stable")
         middle = max(0, len(order) // 2 - SPEED_BATCH // 2)
-        save_arrays(path, self.encoded.select(order[middle : middle + SPEED_BATCH]).feeds())
+        save_arrays(path, encoded.select(order[middle : middle + SPEED_BATCH]).feeds())
         return path
+
+
+class RecordingRunner:
+    """A runner that runs another and keeps every run's feeds, in order."""
+
+    def __init__(self, runner: SessionRunner) -> None:
+        self.runner = runner
+        self.feeds: list[dict[str, np.ndarray]] = []
+
+    def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
+        self.feeds.append({name: np.array(value) for name, value in feeds.items()})
+        return self.runner.infer(feeds, output_names)
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+class ReplayRunner:
+    """A runner that answers the recorded feeds, in their order, with outputs computed elsewhere."""
+
+    def __init__(self, recorded: Sequence[Feeds], outputs: Sequence[np.ndarray]) -> None:
+        self.recorded, self.outputs, self.done = recorded, outputs, 0
+
+    def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
+        expected = self.recorded[self.done] if self.done < len(self.recorded) else None
+        if (
+            expected is None
+            or output_names is None
+            or len(output_names) != 1
+            or expected.keys() != feeds.keys()
+            or any(not np.array_equal(expected[name], value) for name, value in feeds.items())
+        ):
+            raise QuantizeError(f"replaying the emulated outputs: run {self.done + 1} asked for other feeds")
+        self.done += 1
+        return {output_names[0]: self.outputs[self.done - 1]}
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def finished(self) -> None:
+        if self.done != len(self.outputs):
+            raise QuantizeError(f"replaying the emulated outputs: {self.done} of {len(self.outputs)} runs used")
 
 
 def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str, Any]:
@@ -213,11 +276,13 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
     held_out = read_sentences(opts.eval)
     searched = read_sentences(opts.search) if opts.search is not None else held_out
     threads = len(usable_cores())
-    names = _input_names(opts.model)
+    _check_onnx(opts.model)
     try:
-        task = resolve(opts.task, opts.model.parent, names)
-    except (OSError, ValueError) as exc:
-        raise QuantizeError(f"text model folder {opts.model.parent}: {exc}") from None
+        task = load_task(opts.settings, opts.model, threads=threads).task
+    except ConfigError as exc:  # TaskConfigError too: the one line the server would print
+        raise QuantizeError(str(exc)) from None
+    if not isinstance(task, TextEmbedding):
+        raise QuantizeError(f"[model] task is {task.name}; quantize judges text-embedding models by cosine")
     search_set = Embedder(task, searched, threads)
     eval_set = Embedder(task, held_out, threads) if opts.search is not None else search_set
     candidates = weight_matmuls(opts.model)
@@ -337,9 +402,10 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
                 "eval": {"file": str(opts.eval), "n": len(held_out)},
                 "search": None if opts.search is None else {"file": str(opts.search), "n": len(searched)},
                 "judged_on": "eval (held out)" if opts.search is not None else "eval (also searched on: not held out)",
-                "as_served": f"tokenized with the model folder's tokenizer, cut to {task.tokenizer.max_length} "
-                f"tokens, sub-batches of {task.sub_batch} (<= {task.sub_batch_tokens} padded tokens), "
-                f"pooling {task.pooling.mode.value}, normalize {task.pooling.normalize}",
+                "as_served": f"by the served task: tokenized with the model folder's tokenizer, cut to "
+                f"{task.tokenizer.max_length} tokens, sub-batches of {task.settings.sub_batch} "
+                f"(<= {task.settings.sub_batch_tokens} padded tokens), pooling {task.spec.mode.value}, "
+                f"normalize {task.spec.normalize}",
             },
             "reference": "the FP32 model run natively on this host",
             "search": {"candidates": len(candidates), "trials": trials},
@@ -350,12 +416,11 @@ def run_quantize_text(opts: TextQuantizeOptions, progress: Progress) -> dict[str
     return report
 
 
-def _input_names(model: Path) -> tuple[str, ...]:
+def _check_onnx(model: Path) -> None:
+    """A one-line error for a file that is not an ONNX model (before onnxruntime's long one)."""
     import onnx
 
     try:
-        graph = onnx.load(str(model), load_external_data=False).graph
+        onnx.load(str(model), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and others for a file that is not a model
         raise QuantizeError(f"model file {model} is not an ONNX model: {str(exc).splitlines()[0]}") from None
-    constants = {i.name for i in graph.initializer}
-    return tuple(i.name for i in graph.input if i.name not in constants)

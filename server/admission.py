@@ -13,8 +13,8 @@ of `[limits] max_queue_ms` and the client's own deadline:
 - header `X-Request-Timeout: <seconds>` (decimal, e.g. `0.25`), checked here
   before the body is read;
 - the v2 `timeout` request parameter (microseconds, as in Triton), which lives
-  in the JSON body, so the infer route checks it after decoding and before
-  inference (`check_infer_timeout`).
+  in the JSON body, so v2 infer checks it after decoding and before inference
+  (`check_infer_timeout`).
 Without `X-Request-Start` the wait is unknown and nothing is shed.
 """
 
@@ -29,7 +29,7 @@ from werkzeug.wrappers import Request
 
 from onnxpool.server import gates, timing
 from onnxpool.server.gates import Gate
-from onnxpool.server.request_state import RequestState, current_timer
+from onnxpool.server.request_state import RequestState
 from onnxpool.tasks.errors import BadRequest, Unavailable
 
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -48,10 +48,8 @@ def _header_deadline(raw: str) -> float:
     return seconds
 
 
-def _shed_if_waited(timer: timing.RequestTimer | None, budget: float, reason: str) -> None:
-    # No timer only in an app built without the middleware (create_app always adds it):
-    # the wait is then unknown, as without the header.
-    waited = timer.waited(time.time()) if timer is not None else None
+def _shed_if_waited(timer: timing.RequestTimer, budget: float, reason: str) -> None:
+    waited = timer.waited(time.time())
     if waited is not None and waited > budget:
         raise Unavailable(
             f"request shed: it waited {waited * 1000:.0f} ms for a worker, more than {reason} "
@@ -80,14 +78,14 @@ def gate(max_queue_ms: int) -> Gate:
     return check_wait
 
 
-def check_infer_timeout(parameters: Mapping[str, object]) -> None:
-    """Infer route, after decoding: honour the v2 `timeout` parameter (microseconds)."""
+def check_infer_timeout(parameters: Mapping[str, object], timer: timing.RequestTimer) -> None:
+    """v2 infer, after decoding: honour the v2 `timeout` parameter (microseconds)."""
     timeout = parameters.get("timeout")
     if timeout is None:
         return
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
         raise BadRequest(f"parameters.timeout must be a positive integer (microseconds), got {timeout!r}")
-    _shed_if_waited(current_timer(), timeout / 1e6, "the request's timeout parameter")
+    _shed_if_waited(timer, timeout / 1e6, "the request's timeout parameter")
 
 
 def install(app: Flask, max_queue_ms: int) -> None:

@@ -1,7 +1,9 @@
-"""The Flask app factory and the ONE error handler.
+"""The app factory and the ONE error handler of Flask's routes.
 
-`create_app(settings, backend)` builds the app; it does no onnxruntime work,
-so the gunicorn master can preload it safely before forking workers.
+`create_app(settings, backend, task)` builds the WSGI app: the instrumentation outermost,
+then the data plane (`server.dataplane`: every request that runs the model, one path),
+then Flask (metadata, health, metrics, OpenAPI). It does no onnxruntime work, so the
+gunicorn master can preload it safely before forking workers.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, gates, instrument, openapi, routes_v1
+from onnxpool.server import admission, auth, gates, instrument, openapi, routes_docs, routes_task, routes_v1, routes_v2
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
-from onnxpool.server.front import Front
+from onnxpool.server.dataplane import DataPlane, Route
+from onnxpool.server.operations import TaskOperation, V2Infer
 from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
-from onnxpool.server.routes_task import blueprint_for
-from onnxpool.server.routes_v2 import blueprint as v2_blueprint
+from onnxpool.server.v2codec import RequestLimits
 from onnxpool.tasks.api import Task
 from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.tasks.registry import build_task
@@ -76,28 +78,29 @@ def create_app(
     settings: Settings,
     backend: InferenceBackend,
     cache: CachePlan | None = None,
-    task: Task[Any, Any] | None = None,
+    task: Task[Any, Any, Any] | None = None,
 ) -> Flask:
     """Build the WSGI app for one model served by `backend`, running `task` on it.
 
     Reads the API key files (raising ConfigError's subclasses with one line): the master
-    calls this once per generation, before forking, with the task it built and checked
-    (`onnxpool.tasks.registry.build_task`); without one, the task of `settings` is built
-    here. Without a `cache` plan (an app built in-process) replies are never cached.
+    calls this once per generation, before forking, with the task it built and bound to the
+    model (`onnxpool.tasks.registry.build_task`); without one (an app built in process), the
+    task of `settings` is built here and bound to the backend's model, which must be loaded.
+    Without a `cache` plan replies are never cached.
     """
 
+    if task is None:
+        if backend.info is None:
+            raise ValueError("create_app without a task needs a loaded backend: the task is bound to its model")
+        task = build_task(LoadedSettings(settings), backend.info)
     app = Flask("onnxpool")
     # Werkzeug stops reading a body without Content-Length (chunked) here; one byte
     # past the limit so that `read_body` can tell "exactly the limit" from "more".
     app.config["MAX_CONTENT_LENGTH"] = settings.server.max_body_bytes + 1
-    # Every route's inference goes through the wrapper: infer timing + batch-size metric.
-    timed = instrument.InstrumentedBackend(backend, settings.model.name, settings.metrics.enabled)
-    if task is None:  # an app built in process: checked against the model if it is loaded already
-        task = build_task(LoadedSettings(settings), backend.info)
     section = settings.cache if cache is not None else settings.cache.model_copy(update={"enabled": False})
     ctx = ServerContext(
         settings=settings,
-        backend=timed,
+        backend=backend,
         task=task,
         cache=ReplyCache(
             section,
@@ -116,18 +119,37 @@ def create_app(
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
-    app.register_blueprint(v2_blueprint)
+    app.register_blueprint(routes_v2.blueprint)
     app.register_blueprint(routes_v1.blueprint)
-    app.register_blueprint(blueprint_for(ctx))
+    app.register_blueprint(routes_task.blueprint_for(task))
     app.register_blueprint(openapi.blueprint)
-    if ctx.cache.wanted:  # hits of the task routes answered before Flask, after the same gates (run once)
-        app.wsgi_app = Front(app.wsgi_app, ctx, gates.of(app))  # type: ignore[method-assign]
+    routes_docs.install(app, settings.server.docs)
+    # Every request that runs the model: one path, before Flask (server.dataplane).
+    app.wsgi_app = DataPlane(app.wsgi_app, ctx, gates.of(app), operation_routes(ctx))  # type: ignore[method-assign]
     # request state, ids, Server-Timing, metrics, GET /metrics: outermost
-    instrument.install(app, settings, task.name, task.routes)
+    instrument.install(app, settings, task.name)
     return app
 
 
-def task_of(app: Flask) -> Task[Any, Any]:
+def operation_routes(ctx: ServerContext) -> dict[str, Route]:
+    """The data plane's exact paths: each task route, and v2 infer, for this model's name (and version)."""
+    model = ctx.settings.model
+    bounds = ctx.settings.limits
+    limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
+    v2 = V2Infer(ctx.task, ctx.task.model, model.name, model.version, limits)
+    routes = {
+        f"/v2/models/{model.name}/infer": Route("/v2/models/<model>/infer", v2),
+        f"/v2/models/{model.name}/versions/{model.version}/infer": Route(
+            "/v2/models/<model>/versions/<version>/infer", v2
+        ),
+    }
+    on_task = TaskOperation(ctx.task)
+    for rule in ctx.task.routes:
+        routes[rule.replace(routes_task.MODEL_PART, model.name)] = Route(rule, on_task)
+    return routes
+
+
+def task_of(app: Flask) -> Task[Any, Any, Any]:
     """The task an app runs."""
     ctx: ServerContext = app.extensions["onnxpool"]
     return ctx.task

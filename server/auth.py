@@ -4,7 +4,7 @@ Off unless `[auth] api_keys` or `api_keys_file` names at least one key. Keys are
 kept only as SHA-256 digests; a presented key is hashed and compared with
 `hmac.compare_digest` against EVERY configured digest (no early exit), so the
 time taken says nothing about which key, or how much of one, matched.
-Health probes and /openapi.json stay open; /metrics too when `protect_metrics = false`. Keys are
+Health probes, /openapi.json and the /docs page stay open; /metrics too when `protect_metrics = false`. Keys are
 never logged: the access log does not record request headers, and
 `onnxpool config` prints them masked (`mask_key`).
 """
@@ -24,7 +24,7 @@ from onnxpool.server import gates
 from onnxpool.server.gates import Gate
 from onnxpool.tasks.errors import Unauthorized
 
-OPEN_PREFIXES = ("/v2/health/", "/openapi.json")
+OPEN_PREFIXES = ("/v2/health/", "/openapi.json", "/docs")  # /docs: the page and its files (static)
 METRICS_PATH = "/metrics"
 CHALLENGE = 'Bearer realm="onnxpool"'
 AUTH_KEY = "onnxpool.auth"

@@ -1,11 +1,10 @@
 """Request gates: the checks a request passes before any route runs (body size, API key, admission).
 
 A gate is a plain function of a werkzeug `Request` that raises an `OnnxpoolError` to
-refuse it; the app keeps its gates in one ordered list (`app.extensions`). The list runs
-ONCE per request (`run_once`, remembered in the request's state): in `server.front`,
-which answers cache hits before Flask, or else in Flask's single before_request hook. A
-hit is refused exactly when a computed reply would be, and a miss is not judged twice
-(admission would otherwise judge the wait again after the body was read and hashed).
+refuse it; the app keeps its gates in one ordered list (`app.extensions`). A request takes
+one of two paths and the list runs once on it: in the data plane (`server.dataplane`: every
+request that runs the model, a cache hit included, so a hit is refused exactly when a
+computed reply would be), or in Flask's single before_request hook (everything else).
 
 Order matters and is the order of `add`: the size (no body read), then who is
 asking, then whether the request is still worth serving.
@@ -18,7 +17,6 @@ from collections.abc import Callable, Sequence
 from flask import Flask, current_app, request
 from werkzeug.wrappers import Request
 
-from onnxpool.server.request_state import RequestState
 from onnxpool.tasks.errors import PayloadTooLarge
 
 Gate = Callable[[Request], None]
@@ -46,18 +44,8 @@ def run(gates: Sequence[Gate], req: Request) -> None:
         gate(req)
 
 
-def run_once(gates: Sequence[Gate], req: Request, state: RequestState) -> None:
-    """Run the gates unless they already ran for this request; a refusal met earlier is raised again."""
-    if state.gates_passed:
-        return
-    if state.refusal is not None:
-        raise state.refusal
-    run(gates, req)
-    state.gates_passed = True
-
-
 def _run_in_flask() -> None:
-    run_once(of(current_app), request, RequestState.of(request.environ))
+    run(of(current_app), request)
 
 
 def body_size(limit: int) -> Gate:

@@ -9,28 +9,25 @@
   to the reply; the same total as in Server-Timing); the request id is cleared
   when the server closes the reply, after its access line was written.
 - An after_request hook hands the middleware Flask's view of the request (the
-  route template and the model) as bounded metric labels; `server.front` sets them
-  itself for the hits it answers. The task's name and whether the reply was a
-  cache hit are labels too (`task`, `cache`).
-- `InstrumentedBackend` wraps the model backend, so EVERY endpoint that runs an
-  inference has its batch size recorded and its `infer` phase timed.
+  route template and the model) as bounded metric labels; the data plane
+  (`server.dataplane`) sets them itself for the requests it answers. The task's name
+  and whether the reply was a cache hit are labels too (`task`, `cache`).
+- Inferences are timed (`infer`) and their batch sizes counted by the data plane's
+  per-request runner (`server.runner`), the only way to the session.
 - GET /metrics serves the Prometheus text (not itself counted).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from flask import Flask, Response, request
 from werkzeug.wsgi import ClosingIterator
 
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
-from onnxpool.server.backend import InferenceBackend
-from onnxpool.server.request_state import RequestState, current_timer, phase
-from onnxpool.workers.model_info import ModelInfo
+from onnxpool.server.request_state import RequestState
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -38,32 +35,6 @@ if TYPE_CHECKING:
 METRICS_PATH = "/metrics"
 UNMATCHED = "<unmatched>"
 UNKNOWN_MODEL = "<unknown>"
-
-
-class InstrumentedBackend:
-    """The app's backend, timing `infer` and recording the batch size of every inference."""
-
-    def __init__(self, backend: InferenceBackend, model: str, record_metrics: bool) -> None:
-        self._backend = backend
-        self._model = model
-        self._record = record_metrics
-
-    @property
-    def ready(self) -> bool:
-        return self._backend.ready
-
-    @property
-    def info(self) -> ModelInfo | None:
-        return self._backend.info
-
-    def infer(
-        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
-    ) -> dict[str, np.ndarray]:
-        if self._record:
-            first = next(iter(feeds.values()), None)
-            metrics.observe_batch(self._model, int(first.shape[0]) if first is not None and first.ndim else 1)
-        with phase("infer"):
-            return self._backend.infer(feeds, output_names)
 
 
 class Instrumentation:
@@ -118,22 +89,14 @@ def _record_request(state: RequestState, task: str, status: int, total: float) -
     metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown())
 
 
-def metric_labels(model_name: str, rule: str, asked: str | None, model_route: bool) -> tuple[str, str]:
-    """The bounded (model, endpoint) labels of a request to route `rule` that named model `asked`.
-
-    `model_route`: the route serves the model without naming it in its URL (a task's
-    `/predict`): labelled with the model whether computed or replayed from the cache.
-    """
-    if asked is not None:
-        model = model_name if asked == model_name else UNKNOWN_MODEL
-    elif model_route or ((timer := current_timer()) is not None and "infer" in timer.phases):
-        model = model_name
-    else:
-        model = ""
-    return model, rule
+def metric_labels(model_name: str, rule: str, asked: str | None) -> tuple[str, str]:
+    """The bounded (model, endpoint) labels of a Flask route `rule` that named model `asked` (or none)."""
+    if asked is None:
+        return "", rule
+    return (model_name if asked == model_name else UNKNOWN_MODEL), rule
 
 
-def _stash_labels(model_name: str, model_routes: frozenset[str]) -> Any:
+def _stash_labels(model_name: str) -> Any:
     """after_request hook: bounded labels for the middleware (route template, model)."""
 
     def hook(response: Response) -> Response:
@@ -141,8 +104,7 @@ def _stash_labels(model_name: str, model_routes: frozenset[str]) -> Any:
         if url_rule is None:
             labels = ("", UNMATCHED)
         else:
-            asked = (request.view_args or {}).get("model")
-            labels = metric_labels(model_name, url_rule.rule, asked, url_rule.rule in model_routes)
+            labels = metric_labels(model_name, url_rule.rule, (request.view_args or {}).get("model"))
         RequestState.of(request.environ).labels = labels
         return response
 
@@ -154,14 +116,14 @@ def _metrics_view() -> Response:
     return Response(body, content_type=content_type)
 
 
-def install(app: Flask, settings: Settings, task: str, task_routes: Sequence[str]) -> None:
+def install(app: Flask, settings: Settings, task: str) -> None:
     """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`.
 
     The middleware is installed whatever the metrics settings: its timer carries the
     parsed `X-Request-Start` that admission control sheds by.
     """
     enabled = settings.metrics.enabled
-    app.after_request(_stash_labels(settings.model.name, frozenset(task_routes)))
+    app.after_request(_stash_labels(settings.model.name))
     if enabled:
         app.add_url_rule(METRICS_PATH, "metrics", _metrics_view, methods=["GET"])
     app.wsgi_app = Instrumentation(  # type: ignore[method-assign]

@@ -147,6 +147,17 @@ def observe_cache_event(name: str, backend: str, value: float) -> None:
         _child(CACHE_EVENTS, (backend, name)).inc(value)
 
 
+# Every event onnxpool_cache_events_total counts (onnxpool.cache.policy.EventHook but "lookup").
+CACHE_EVENT_NAMES = ("hit", "miss", "store", "evict", "expire", "skip", "error")
+
+
+def cache_opened(backend: str) -> None:
+    """In a worker whose cache opened: every event's series at 0, so that rate() and increase()
+    (alerts on `event="error"`) see the first one; a series born at 1 shows no increase."""
+    for name in CACHE_EVENT_NAMES:
+        _child(CACHE_EVENTS, (backend, name))
+
+
 def cache_bytes(backend: str, used: int) -> None:
     CACHE_BYTES.labels(backend).set(used)
 

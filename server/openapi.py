@@ -1,6 +1,7 @@
 """The HTTP API described in OpenAPI 3.0, served at `GET /openapi.json`.
 
-`openapi_document(settings)` builds a plain dict (no I/O); the configured model
+`openapi_document(settings, task)` builds a plain dict (no I/O) from the routes and each task
+route's own fragment (`Task.openapi`); the configured model
 name and version are the only values the `{model}` / `{version}` path
 parameters accept, as the server itself answers 404 for any other.
 """
@@ -18,7 +19,7 @@ from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import V2_TO_NUMPY
 from onnxpool.tasks.api import Task
 
-AnyTask = Task[Any, Any]
+AnyTask = Task[Any, Any, Any]
 
 blueprint = Blueprint("openapi", __name__)
 
@@ -411,7 +412,14 @@ def _openapi_path(rule: str, settings: Settings) -> tuple[str, list[Schema]]:
 
 
 def _operation_id(rule: str) -> str:
-    words = [w for w in rule.replace("<model>", "").replace(":", "/").split("/") if w and w not in ("v1", "v2")]
+    # The protocol version stays in a per-model rule's id: tabular serves both /predict and
+    # /v1/models/<model>:predict, and /docs' links and try-it-out need the two ids distinct.
+    keep_version = "<model>" in rule
+    words = [
+        w
+        for w in rule.replace("<model>", "").replace(":", "/").split("/")
+        if w and (keep_version or w not in ("v1", "v2"))
+    ]
     return "task" + "".join(w[:1].upper() + w[1:] for w in words if w != "models")
 
 
@@ -437,14 +445,21 @@ def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> d
         "info": {
             "title": "onnxpool",
             "version": __version__,
-            "description": "Serves one ONNX model on CPUs: Open Inference Protocol v2 REST, an image "
-            'endpoint, Prometheus metrics. Errors are JSON {"error": message}.',
+            "description": f"Serves the ONNX model {settings.model.name} on CPUs: its task's routes "
+            f"({task.name}), Open Inference Protocol v2 REST, Prometheus metrics. Errors are JSON "
+            '{"error": message}, or in the shape of the API a task speaks (OpenAI error objects for embeddings).',
         },
         "paths": _paths(settings, task, auth),
         "components": {"schemas": _schemas()},
     }
     if auth:
-        document["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+        document["components"]["securitySchemes"] = {
+            "bearerAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "One of the server's API keys ([auth]), sent as `Authorization: Bearer <key>`.",
+            }
+        }
         document["security"] = [{"bearerAuth": []}]
     return document
 

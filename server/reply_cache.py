@@ -1,9 +1,12 @@
-"""The response cache in the HTTP layer: the key of a request, hit or compute, the reply headers.
+"""The response cache in the HTTP layer: the key of a request, its look-up, the one hit renderer, the store.
 
 `onnxpool.cache` is the storage and its policy (key, codec, Cache-Control, LMDB, Redis;
-nothing of HTTP servers); this module binds it to requests and replies:
+nothing of HTTP servers); this module binds it to the data plane's requests and replies
+(`server.dataplane`, the one path of every request that runs the model):
 
-    return context().cache.serve(state, task.name, lambda: task.canonical(inputs), compute)
+    looked = cache.look_up(state, namespace, payload)    # None: the cache is not open here
+    reply = cache.replay(looked) if looked.reply else ...  # a hit, rendered here and only here
+    cache.store(looked, reply, replay_headers)            # a computed 200
 
 It knows no route and no task: a caller names its namespace (the task, or `v2-infer`) and
 hands over the canonical bytes of the request.
@@ -15,11 +18,7 @@ the local store's files (`prepare`, `onnxpool.hooks`). Each worker calls
 `ReplyCache.open()` in post_fork: LMDB environments and Redis sockets must not
 cross fork() (two processes would share one file lock state / one socket), so
 the master never opens one. Until then, and when `[cache] enabled = false`,
-`serve` just computes.
-
-A request is looked up once (`look_up`, kept in the request's state): task routes' hits
-are answered before Flask by `server.front`, and on a miss the route's `serve` finds the
-look-up already made.
+`look_up` answers None and the data plane just computes.
 
 Replies carry `X-Cache: HIT|MISS` and `Server-Timing: cache;dur=<lookup ms>;desc=hit|miss`
 (a second Server-Timing field next to the middleware's; HTTP joins them). A hit
@@ -32,19 +31,17 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from flask import Response
 
 from onnxpool import __version__
 from onnxpool.cache.codec import CachedReply
 from onnxpool.cache.control import parse_cache_control
-from onnxpool.cache.key import BytesLike, CacheKey, ParamValue, cache_key
+from onnxpool.cache.key import BytesLike, CacheKey, cache_key
 from onnxpool.cache.policy import Lookup, ResponseCache, open_cache
 from onnxpool.config.settings import CacheSettings, Settings
+from onnxpool.server.reply import Reply
 from onnxpool.server.request_state import HIT, MISS, RequestState
-from onnxpool.tasks import jsonfast
 
 log = logging.getLogger("onnxpool.cache")
 
@@ -62,7 +59,7 @@ def settings_fingerprint(settings: Settings, task_fingerprint: str) -> str:
     """
     document = {
         "onnxpool": __version__,
-        "model": settings.model.model_dump(mode="json", exclude={"path", "labels", "warmup_runs"}),
+        "model": settings.model.model_dump(mode="json", exclude={"path", "warmup_runs"}),
         "limits": settings.limits.model_dump(mode="json"),
         "task": settings.task,
         "task_files": task_fingerprint,
@@ -117,6 +114,8 @@ class ReplyCache:
             log.error("response cache (%s) not opened, serving without it: %s", self.settings.backend_name, exc)
             return
         self.cache = cache
+        if cache is not None and hook is not None:
+            metrics.cache_opened(cache.backend)
         if cache is not None and not self.settings.url:
             self._publish_bytes(cache.bytes_used())
 
@@ -126,21 +125,15 @@ class ReplyCache:
 
             metrics.cache_bytes(self.cache.backend, used)
 
-    def look_up(
-        self, state: RequestState, namespace: str, payload: Callable[[], Payload], params: Mapping[str, ParamValue]
-    ) -> Lookup | None:
+    def look_up(self, state: RequestState, namespace: str, payload: Callable[[], Payload]) -> Lookup | None:
         """The request's key and stored reply (None when the cache is not open in this process).
 
-        Kept in the request's state: `server.front` looks up before Flask and on a miss the
-        route asks again; the key is hashed and the miss counted once. `payload` is called
-        only when a key is needed (not for no-store, not with the cache closed).
+        `payload` is called only when a key is needed (not for no-store, not with the cache
+        closed). Records the outcome (hit or miss) in the request's state, for the metrics.
         """
         cache = self.cache
         if cache is None:
             return None
-        kept: Lookup | None = state.lookup
-        if kept is not None and kept.endpoint == namespace and kept.params == params:
-            return kept
         start = time.perf_counter()
         control = parse_cache_control(state.cache_control, state.pragma)
         key: CacheKey | None = None
@@ -150,55 +143,28 @@ class ReplyCache:
                 model_digest=self.model_digest,
                 settings_fingerprint=self.fingerprint,
                 endpoint=namespace,
-                params=params,
+                params={},
                 payload=payload(),
             )
             reply = cache.lookup(key, control)
-        looked = Lookup(namespace, dict(params), control, key, reply, time.perf_counter() - start)
-        state.lookup = looked
+        looked = Lookup(namespace, {}, control, key, reply, time.perf_counter() - start)
         state.cache = HIT if reply is not None else MISS
         return looked
 
-    def serve(
-        self,
-        state: RequestState,
-        namespace: str,
-        payload: Callable[[], Payload],
-        compute: Callable[[], Response],
-        params: Mapping[str, ParamValue] | None = None,
-        replay: Sequence[str] = (),
-    ) -> Response:
-        """The stored reply for this request, or `compute()`'s reply (stored when it is a 200).
+    @staticmethod
+    def replay(hit: CachedReply) -> Reply:
+        """A stored reply as it is sent again: the one place a hit is rendered."""
+        return Reply(200, [*hit.headers, ("Content-Type", hit.content_type)], hit.body)
 
-        `params` are parameters kept readable in the key (most callers fold them into the
-        payload); `replay` names the reply headers that are part of the result and are
-        stored with the body.
-        """
-        looked = self.look_up(state, namespace, payload, params or {})
-        if looked is None or self.cache is None:
-            return compute()
-        hit = looked.reply
-        if hit is not None:
-            response = Response(hit.body, status=200, headers=list(hit.headers), content_type=hit.content_type)
-            response.headers.extend(self.outcome_headers(looked))
-            return response
-        response = compute()
-        if looked.key is not None and looked.control.write and response.status_code == 200:
-            headers = tuple((name, response.headers[name]) for name in replay if name in response.headers)
-            reply = CachedReply(response.get_data(), response.content_type or "", headers)
-            stored = self.cache.store_reply(looked.key, response.status_code, reply, looked.control)
-            if stored is not None:
-                self._publish_bytes(stored.bytes_used)
-        response.headers.extend(self.outcome_headers(looked))
-        return response
-
-    def hit_reply(self, looked: Lookup) -> tuple[list[tuple[str, str]], bytes] | None:
-        """A hit as WSGI reply headers and body, exactly as `serve` would send it through Flask."""
-        hit = looked.reply
-        if hit is None:
-            return None
-        headers = [*hit.headers, ("Content-Type", hit.content_type), ("Content-Length", str(len(hit.body)))]
-        return headers + self.outcome_headers(looked), hit.body
+    def store(self, looked: Lookup, reply: Reply, replay_headers: Sequence[str] = ()) -> None:
+        """Keep a computed 200 (and the reply headers named in `replay_headers`) for the next asker."""
+        if self.cache is None or looked.key is None or not looked.control.write or reply.status != 200:
+            return
+        headers = tuple((name, value) for name, value in reply.headers if name in replay_headers)
+        cached = CachedReply(reply.body, reply.header("Content-Type") or "", headers)
+        stored = self.cache.store_reply(looked.key, reply.status, cached, looked.control)
+        if stored is not None:
+            self._publish_bytes(stored.bytes_used)
 
     def outcome_headers(self, looked: Lookup) -> list[tuple[str, str]]:
         """`X-Cache: HIT|MISS` and, when Server-Timing is on, the cache's part of the time."""
@@ -207,20 +173,3 @@ class ReplyCache:
         if self.server_timing:
             headers.append(("Server-Timing", f"cache;dur={looked.seconds * 1000:.3f};desc={outcome}"))
         return headers
-
-
-def insert_v2_id(response: Response, request_id: str, header_name: str) -> Response:
-    """Put a v2 request's echoed `id` into a reply encoded without one (hit or computed alike).
-
-    The v2 encoder writes `"id"` as the last member of the reply's JSON document, so this
-    gives the bytes it would have written with the id (tests/test_cache_http.py checks it).
-    `header_name` is the binary extension's header-length reply header, adjusted here.
-    """
-    body = response.get_data()
-    raw_length = response.headers.get(header_name)
-    length = int(raw_length) if raw_length is not None else len(body)
-    member = b',"id":' + jsonfast.dumps(request_id)
-    response.set_data(body[: length - 1] + member + body[length - 1 :])
-    if raw_length is not None:
-        response.headers[header_name] = str(length + len(member))
-    return response

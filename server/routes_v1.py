@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from onnxpool.server.context import context, json_response
-from onnxpool.server.routes_v2 import check_model
+from onnxpool.server.served import check_model
 
 blueprint = Blueprint("v1", __name__)
 
@@ -21,6 +21,7 @@ def list_models() -> Response:
 
 @blueprint.get("/v1/models/<model>")
 def model_status(model: str) -> Response:
-    check_model(model)
-    is_ready = context().backend.ready
+    ctx = context()
+    check_model(ctx, model)
+    is_ready = ctx.backend.ready
     return json_response({"name": model, "ready": is_ready}, 200 if is_ready else 503)

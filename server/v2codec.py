@@ -206,18 +206,8 @@ def _bytes_from_binary(data: memoryview, dims: tuple[int, ...], where: str) -> n
     return values.reshape(dims)
 
 
-def decode_infer_request(
-    body: bytes,
-    model: ModelInfo,
-    limits: RequestLimits,
-    header_length: int | None = None,
-    text_inputs: bool = False,
-) -> InferRequest:
-    """Parse and validate an infer request body against the model.
-
-    `text_inputs`: the model's string inputs take BYTES (a task's signature, whose task turns
-    them into the model's own tensors); never for an ONNX model's own string inputs.
-    """
+def parse_infer_header(body: bytes, limits: RequestLimits, header_length: int | None = None) -> dict[str, Any]:
+    """The JSON document of an infer request: the whole body, or its first `header_length` bytes."""
     if header_length is not None:
         _expect(
             0 < header_length <= len(body),
@@ -227,7 +217,27 @@ def decode_infer_request(
     header = jsonfast.loads(view[:header_length] if header_length is not None else view, "inference request")
     _expect(isinstance(header, dict), "inference request must be a JSON object")
     jsonfast.check_depth(header, limits.max_json_depth, "inference request")
-    raw_inputs = header.get("inputs")
+    return header  # type: ignore[no-any-return]
+
+
+def decode_infer_request(
+    body: bytes,
+    model: ModelInfo,
+    limits: RequestLimits,
+    header_length: int | None = None,
+    text_inputs: bool = False,
+    header: dict[str, Any] | None = None,
+) -> InferRequest:
+    """Parse and validate an infer request body against the model.
+
+    `text_inputs`: the model's string inputs take BYTES (a task's signature, whose task turns
+    them into the model's own tensors); never for an ONNX model's own string inputs.
+    `header`: the request's JSON document when `parse_infer_header` already read it.
+    """
+    if header is None:
+        header = parse_infer_header(body, limits, header_length)
+    view = memoryview(body)
+    raw_inputs: Any = header.get("inputs")
     _expect(isinstance(raw_inputs, list) and len(raw_inputs) > 0, "inference request needs a non-empty 'inputs' list")
     request_id = header.get("id")
     _expect(request_id is None or isinstance(request_id, str), "'id' must be a string")

@@ -1,4 +1,4 @@
-"""The task API: a model's own pre- and post-processing, written once, beside the model.
+"""The task API (second version): a model's own pre- and post-processing, written once, beside the model.
 
 A task turns what a client sends into the model's inputs and the model's outputs into
 the reply. The server does everything around it: HTTP, gates (size, API key, shedding),
@@ -6,20 +6,26 @@ the response cache, timing and metrics, the one onnxruntime session per worker. 
 knows nothing of HTTP: it sees a request through `RequestParts` and answers a JSON
 document; errors are the exceptions of `onnxpool.tasks.errors`, each carrying its status.
 
-The life of a request to a task's route (`Task.routes`, each a POST):
+The life of a request to a task's route (`Task.routes`, each a POST), in the server's one
+request path (`onnxpool.server.dataplane`):
 
-    inputs = task.read(parts)          # phase "decode": parse and check what was sent
-    key    = task.canonical(inputs)    # the bytes the response cache keys on
-    outputs = task.run(inputs, model, runner)  # by default: ONE batched inference of
-                                       #   task.feeds(inputs, model) (phase "decode") for
-                                       #   task.output_names(model) (phase "infer")
-    reply  = task.reply(inputs, outputs)                 # phase "encode": a JSON document
+    inputs = task.read(parts)              # phase "decode": parse and check what was sent
+    key    = task.canonical(inputs)        # the bytes the response cache keys on (None: never cached)
+    result = task.run(inputs, runner)      # by default: ONE batched inference of
+                                           #   task.feeds(inputs) (phase "decode") for
+                                           #   task.output_names() (phase "infer")
+    reply  = task.reply(inputs, result)    # phase "encode": a JSON document
+
+`run` returns whatever the task wants `reply` to get (by default the model's outputs by
+name): per-request facts that are no tensor, such as the original image sizes a detector
+rescales its boxes to or the token count of an embeddings reply, travel in it.
 
 Process rules (docs/TASKS.md): a task object is built in the gunicorn master, once per
-generation, from the validated settings, and inherited by every worker through fork.
-`check(model)` runs there too, before any fork, against the model's inputs and outputs
-as the preflight subprocess read them (the master never imports onnxruntime, and
-neither does a task). Anything that must not cross fork (a thread pool, a socket) is
+generation, from its validated `[task]` table, and inherited by every worker through fork.
+`bind(model)` runs there too, before any fork, with the model's inputs and outputs as the
+preflight subprocess read them (the master never imports onnxruntime, and neither does a
+task): it checks that the model fits and keeps what requests need of it; afterwards
+`self.model` is the model. Anything that must not cross fork (a thread pool, a socket) is
 made in `start_in_worker`, which each worker calls after fork, with its core count.
 """
 
@@ -28,13 +34,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from onnxpool.config.loader import ConfigError
-from onnxpool.config.settings import Settings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.workers.model_info import ModelInfo
 
@@ -45,14 +53,55 @@ JsonDocument = Any
 """What `json.dumps`/orjson can write: dicts, lists, str, numbers, bools, None, numpy arrays."""
 
 
+PATH_BASE = "onnxpool.path_bases"
+"""Validation-context key: per `[task]` key, the folder a relative path in it resolves against (the
+settings file's, or the current directory for a value from the environment)."""
+
+
 class TaskSettings(BaseModel):
-    """Base of a task's `[task]` table: unknown keys are errors, values checked strictly."""
+    """Base of a task's `[task]` table: unknown keys are errors, values checked strictly.
+
+    A field typed `Path` (or `Path | None`, or a tuple of paths) given as a relative path is
+    resolved against the folder of the settings file it came from, like `[model] path`.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _resolve_relative_paths(cls, value: Any, info: ValidationInfo) -> Any:
+        bases = (info.context or {}).get(PATH_BASE) or {}
+        base = bases.get(info.field_name) if info.field_name else None
+        if base is None:
+            return value
+        if isinstance(value, Path):
+            return _resolved(value, base)
+        if isinstance(value, tuple) and value and all(isinstance(item, Path) for item in value):
+            return tuple(_resolved(item, base) for item in value)
+        return value
+
+
+def _resolved(path: Path, base: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() or not str(path) else (base / path).resolve()
 
 
 class TaskConfigError(ConfigError):
     """The task and the settings or the model do not fit; one line for an operator (exit 1 at start)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a task knows of the model it serves besides its tensors: from the settings, in the master."""
+
+    name: str
+    """`[model] name`: the name in URLs, replies and metrics."""
+    version: str
+    path: Path
+    """The model file as configured (its folder holds a text model's tokenizer.json, config.json...).
+    Workers run a validated copy of it; read files beside it at start, never per request."""
+    limits: LimitsSettings
+    """`[limits]`: max_batch, max_json_depth, the image limits... for `read` to enforce."""
 
 
 class RequestParts(Protocol):
@@ -89,14 +138,17 @@ class Runner(Protocol):
 
 
 InputsT = TypeVar("InputsT")
+ResultT = TypeVar("ResultT")
 SettingsT = TypeVar("SettingsT", bound=TaskSettings)
 
 
-class Task(ABC, Generic[InputsT, SettingsT]):
+class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
     """Base of every task, built-in or the user's; subclass it and name it in `[model] task`.
 
-    Class attributes declare what the server needs to know before any request:
-    `name`, the `[task]` table's model, the routes and the content types.
+    Type parameters: what `read` returns, what `run` returns (the model's `Outputs` by
+    default), and the `[task]` table's model. Class attributes declare what the server
+    needs to know before any request: `name`, the `[task]` table's model, the routes and the
+    content types (checked when the task is loaded: a bad one is one line at start).
     """
 
     name: ClassVar[str]
@@ -108,10 +160,14 @@ class Task(ABC, Generic[InputsT, SettingsT]):
     content_types: ClassVar[tuple[str, ...]] = ("application/json",)
     """Media types `read` accepts (documentation and OpenAPI; `read` enforces them)."""
 
-    def __init__(self, settings: Settings, options: SettingsT) -> None:
+    model: ModelInfo
+    """The model's inputs and outputs (and onnxpool.* metadata), set before `bind` is called."""
+
+    def __init__(self, settings: SettingsT, served: ServedModel) -> None:
         """Built in the master once per generation: read files here (labels...), not per request."""
         self.settings = settings
-        self.options = options
+        """The `[task]` table, validated by `settings_model`."""
+        self.served = served
 
     def fingerprint(self) -> str:
         """What this task read at start that shapes its replies (labels, a vocabulary...), as text.
@@ -121,8 +177,12 @@ class Task(ABC, Generic[InputsT, SettingsT]):
         """
         return ""
 
-    def check(self, model: ModelInfo) -> None:
-        """Master, before fork: raise TaskConfigError if this model cannot serve this task."""
+    def bind(self, model: ModelInfo) -> None:
+        """Master, before fork: check the model fits (TaskConfigError if not) and keep what requests need of it.
+
+        `self.model` is already `model` here; per-request methods read it (or what this
+        method worked out from it), never a model passed per call.
+        """
 
     def start_in_worker(self, cores: int) -> None:
         """Worker, after fork, before traffic: make what must not cross fork (thread pools), sized to `cores`."""
@@ -131,45 +191,53 @@ class Task(ABC, Generic[InputsT, SettingsT]):
     def read(self, request: RequestParts) -> InputsT:
         """Parse and check one request; raise an `onnxpool.tasks.errors` exception naming what is wrong."""
 
-    @abstractmethod
-    def canonical(self, inputs: InputsT) -> Sequence[BytesLike]:
+    def canonical(self, inputs: InputsT) -> Sequence[BytesLike] | None:
         """The bytes that identify the reply: equal bytes <=> the same reply (the response cache's key).
 
         Include every parameter that changes the reply; leave out what does not (framing,
-        file names, key order). The server adds the model's digest and the settings.
+        file names, key order). The server adds the model's digest and the settings. None:
+        this request's reply is not cached; a task that does not override this method never
+        has its replies cached (said once at start).
         """
-
-    @abstractmethod
-    def feeds(self, inputs: InputsT, model: ModelInfo) -> Feeds:
-        """The model's inputs, by name, batched (first dimension = items of this request)."""
-
-    def output_names(self, model: ModelInfo) -> Sequence[str] | None:
-        """The outputs `reply` needs (None: all of them)."""
         return None
 
-    def run(self, inputs: InputsT, model: ModelInfo, runner: Runner) -> Outputs:
-        """The model's outputs for these inputs: by default ONE inference of `feeds` (all items as one batch).
+    def feeds(self, inputs: InputsT) -> Feeds:
+        """The model's inputs, by name, batched (first dimension = items of this request).
+
+        Needed by the default `run` only.
+        """
+        raise NotImplementedError(f"task {self.name} overrides neither feeds nor run")
+
+    def output_names(self) -> Sequence[str] | None:
+        """The outputs the default `run` asks the session for (None: all of them)."""
+        return None
+
+    def run(self, inputs: InputsT, runner: Runner) -> ResultT:
+        """What `reply` needs for these inputs: by default the model's outputs by name, from ONE
+        inference of `feeds` (all items as one batch).
 
         `runner.infer` runs the worker's session (timed as phase "infer", batch size counted);
-        `runner.phase(name)` times a block of your own. Override to run several smaller
-        batches, e.g. inputs of very different lengths sorted into sub-batches so that short
-        ones are not padded to the longest; keep the outputs in the order of the inputs.
+        `runner.phase(name)` times a block of your own. Override to return your own result
+        (the outputs plus what only decoding learns, such as the images' original sizes), or
+        to run several smaller batches (inputs of very different lengths sorted into
+        sub-batches, so that short ones are not padded to the longest).
         """
         with runner.phase("decode"):
-            feeds = self.feeds(inputs, model)
-        return runner.infer(feeds, self.output_names(model))
+            feeds = self.feeds(inputs)
+        outputs: Any = runner.infer(feeds, self.output_names())
+        return outputs  # type: ignore[no-any-return]
 
     @abstractmethod
-    def reply(self, inputs: InputsT, outputs: Outputs) -> JsonDocument:
+    def reply(self, inputs: InputsT, result: ResultT) -> JsonDocument:
         """The reply document (sent as JSON, status 200)."""
 
-    def tensor_signature(self, model: ModelInfo) -> ModelInfo | None:
+    def tensor_signature(self) -> ModelInfo | None:
         """The tensors v2 clients see (`/v2/models/<m>` metadata and infer); None: the model's own.
 
         A task whose callers send what the model does not take (text, where the model takes
         token ids) returns the tensors of its own interface, e.g. a `text` input of strings
         (`tensor(string)`, BYTES on the wire) and an `embedding` output. v2 infer then
-        decodes against it and runs `from_tensors` -> `feeds` -> the model -> `to_tensors`.
+        decodes against it and runs `from_tensors` -> `run` -> `to_tensors`.
         """
         return None
 
@@ -177,8 +245,8 @@ class Task(ABC, Generic[InputsT, SettingsT]):
         """v2 infer with a `tensor_signature`: the decoded tensors as this task's inputs."""
         raise NotImplementedError(f"task {self.name} has a tensor signature but no from_tensors")
 
-    def to_tensors(self, inputs: InputsT, outputs: Outputs) -> dict[str, np.ndarray]:
-        """v2 infer with a `tensor_signature`: the model's outputs as the signature's outputs."""
+    def to_tensors(self, inputs: InputsT, result: ResultT) -> dict[str, np.ndarray]:
+        """v2 infer with a `tensor_signature`: `run`'s result as the signature's outputs."""
         raise NotImplementedError(f"task {self.name} has a tensor signature but no to_tensors")
 
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
@@ -200,3 +268,8 @@ class Task(ABC, Generic[InputsT, SettingsT]):
             },
             "responses": {"200": {"description": "the task's reply", "content": {"application/json": {"schema": {}}}}},
         }
+
+    @classmethod
+    def caches_replies(cls) -> bool:
+        """Whether this task keys its replies (`canonical` overridden); the server says so once at start."""
+        return cls.canonical is not Task.canonical

@@ -4,7 +4,9 @@
 (`image-classification`, `tabular`, `tensors`, `text-embedding`, `text-classification`) or an import path:
 `package.module:ClassName` (a module on the Python path) or `path/to/file.py:ClassName`
 (a file; relative paths are relative to the settings file). The master does this once per
-generation (at start and on HUP), before any fork; an error is one line naming the setting.
+generation (at start and on HUP), before any fork: the class is imported and checked (its name,
+routes, settings model and methods), its `[task]` table validated, the task built and bound to
+the model. An error is one line naming the setting, or what to change in the class.
 """
 
 from __future__ import annotations
@@ -12,15 +14,20 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import logging
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from onnxpool.config.loader import LoadedSettings, describe_validation_error
-from onnxpool.tasks.api import Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.api import PATH_BASE, ServedModel, Task, TaskConfigError, TaskSettings
 from onnxpool.workers.model_info import ModelInfo
+
+log = logging.getLogger("onnxpool.tasks")
 
 BUILT_IN: dict[str, str] = {
     "image-classification": "onnxpool.tasks.image.task:ImageClassification",
@@ -29,11 +36,20 @@ BUILT_IN: dict[str, str] = {
     "text-embedding": "onnxpool.tasks.text.embedding:TextEmbedding",
     "text-classification": "onnxpool.tasks.text.classification:TextClassification",
 }
+"""Built-in tasks by name: imported only when named, like a user's."""
 AUTO = "auto"
 """The default: image-classification for a model whose first input is an image batch (4-D), else tensors."""
-"""Built-in tasks by name: imported only when named, like a user's."""
+TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ROUTE = re.compile(r"^(/[A-Za-z0-9_.~:-]*|/<model>[A-Za-z0-9_.~:-]*)+$")
+SERVER_PATHS = ("/metrics", "/openapi.json", "/docs", "/v2", "/v2/health/live", "/v2/health/ready")
+"""The server's own paths: no task route may take them."""
+FIRST_API = (
+    "it is written for the first task API: rename check(model) to bind(model), drop the model argument of "
+    "feeds, run, output_names and tensor_signature (use self.model), read the [task] table as self.settings "
+    "(was self.options) and the model's name and limits as self.served (docs/TASKS.md, 'From the first task API')"
+)
 
-AnyTask = Task[Any, Any]
+AnyTask = Task[Any, Any, Any]
 
 
 def task_class(spec: str) -> type[AnyTask]:
@@ -59,10 +75,59 @@ def task_class(spec: str) -> type[AnyTask]:
             f"model.task = {spec!r}: {module_name} has no Task subclass named {class_name} "
             "(subclass onnxpool.tasks.api.Task)"
         )
-    if getattr(found, "__abstractmethods__", None):
-        missing = ", ".join(sorted(found.__abstractmethods__))
-        raise TaskConfigError(f"model.task = {spec!r}: {class_name} does not implement {missing}")
+    problem = class_problem(found)
+    if problem:
+        raise TaskConfigError(f"model.task = {spec!r}: {class_name}: {problem}")
     return found
+
+
+def class_problem(cls: type[AnyTask]) -> str:
+    """What makes `cls` unusable as a task ("" when nothing): checked at load, before it is built."""
+    if _written_for_first_api(cls):
+        return FIRST_API
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not TASK_NAME.match(name):
+        return f"name = {name!r}: give the class a short name (letters, digits, '_ . -'), e.g. name = \"scorer\""
+    if not (isinstance(cls.settings_model, type) and issubclass(cls.settings_model, TaskSettings)):
+        return f"settings_model = {cls.settings_model!r} is not a subclass of onnxpool.tasks.api.TaskSettings"
+    routes = cls.routes
+    if not isinstance(routes, tuple) or not routes or not all(isinstance(r, str) for r in routes):
+        return f'routes = {routes!r}: a tuple of one or more paths, e.g. ("/predict",)'
+    for route in routes:
+        if not ROUTE.match(route) or route.count("<") != route.count("<model>"):
+            return f"route {route!r}: a path of letters, digits and '_ . ~ : -', with <model> as its only variable"
+        if route in SERVER_PATHS or route.startswith(("/v2/health", "/v2/repository")):
+            return f"route {route!r} is the server's own"
+    if len(set(routes)) != len(routes):
+        return f"routes = {routes!r} repeat a path"
+    if not isinstance(cls.content_types, tuple) or not all(isinstance(c, str) for c in cls.content_types):
+        return f"content_types = {cls.content_types!r}: a tuple of media types"
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        return f"does not implement {', '.join(missing)}"
+    if cls.feeds is Task.feeds and cls.run is Task.run:
+        return "implements neither feeds (one inference of the model) nor run (its own)"
+    return ""
+
+
+def _written_for_first_api(cls: type[AnyTask]) -> bool:
+    """A class of the first task API: `check(model)`, `__init__(settings, options)`, or `model` passed to
+    the per-request methods."""
+    if "check" in {name for klass in cls.__mro__ if klass is not Task for name in vars(klass)}:
+        return True
+    if cls.__init__ is not Task.__init__ and "options" in inspect.signature(cls.__init__).parameters:
+        return True
+    for method, first_api_arity in (("feeds", 3), ("run", 4), ("output_names", 2), ("tensor_signature", 2)):
+        function = getattr(cls, method)
+        if function is getattr(Task, method):
+            continue
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            continue
+        if len(parameters) >= first_api_arity or "model" in parameters:
+            return True
+    return False
 
 
 def _load_file(path: Path) -> Any:
@@ -83,14 +148,33 @@ def _load_file(path: Path) -> Any:
     return module
 
 
-def task_options(cls: type[AnyTask], loaded: LoadedSettings) -> TaskSettings:
+def task_settings(cls: type[AnyTask], loaded: LoadedSettings) -> TaskSettings:
     """The `[task]` table validated by the task's own model; errors name the key and its source."""
+    return validate_task_table(cls.settings_model, cls.name, loaded)
+
+
+SettingsT = TypeVar("SettingsT", bound=TaskSettings)
+
+
+def validate_task_table(model: type[SettingsT], task_name: str, loaded: LoadedSettings) -> SettingsT:
+    """`[task]` validated by `model` (relative paths resolved against the settings file); TaskConfigError
+    naming the key and its source. Also for tools that need one task's settings (quantize's images)."""
     table = loaded.settings.task
+    ignored = sorted(key for key in loaded.moved_to_task if key not in model.model_fields)
+    if ignored:  # written in [model] for the image task before [task] existed: other tasks never read them
+        log.info("settings: task %s has no %s: ignored", task_name, ", ".join(f"[task] {key}" for key in ignored))
+        table = {key: value for key, value in table.items() if key not in ignored}
     try:
-        return cls.settings_model.model_validate(table)
+        return model.model_validate(table, context={PATH_BASE: loaded.task_path_bases})
     except ValidationError as exc:
-        message = describe_validation_error(exc, {"task": table}, loaded.key_sources(), cls.settings_model, ("task",))
-        raise TaskConfigError(f"task {cls.name}: {message}") from None
+        message = describe_validation_error(exc, {"task": table}, loaded.key_sources(), model, ("task",))
+        raise TaskConfigError(f"task {task_name}: {message}") from None
+
+
+def served_model(loaded: LoadedSettings) -> ServedModel:
+    """What a task knows of its model besides the tensors, from the settings."""
+    model = loaded.settings.model
+    return ServedModel(name=model.name, version=model.version, path=model.path, limits=loaded.settings.limits)
 
 
 def chosen_task(spec: str, model: ModelInfo | None) -> str:
@@ -103,11 +187,16 @@ def chosen_task(spec: str, model: ModelInfo | None) -> str:
     return "tensors"
 
 
-def build_task(loaded: LoadedSettings, model: ModelInfo | None = None) -> AnyTask:
-    """The generation's task: its class, its validated options, whatever it reads at start (labels),
-    and, given the model, checked against it (TaskConfigError: one line)."""
+def build_task(loaded: LoadedSettings, model: ModelInfo) -> AnyTask:
+    """The generation's task: its class, its validated settings, whatever it reads at start (labels),
+    bound to the model (TaskConfigError: one line)."""
     cls = task_class(chosen_task(loaded.settings.model.task, model))
-    task = cls(loaded.settings, task_options(cls, loaded))
-    if model is not None:
-        task.check(model)
+    task = cls(task_settings(cls, loaded), served_model(loaded))
+    bind(task, model)
     return task
+
+
+def bind(task: AnyTask, model: ModelInfo) -> None:
+    """Give `task` its model (master, before fork): `task.model`, then the task's own `bind`."""
+    task.model = model
+    task.bind(model)

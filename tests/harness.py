@@ -22,13 +22,20 @@ from onnxpool.measure.servers import (
     spawn_logged,
     start_server,
 )
+from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 # The checkout the tests run from (its files: docs, deploy templates, the root gunicorn.conf.py).
 REPO = Path(__file__).resolve().parents[1]
+# The demo model's tensors, as the preflight reads them: what an app built in process binds its task to.
+DEMO_MODEL_INFO = ModelInfo(
+    inputs=(TensorSpec("input", "tensor(float)", (-1, 3, 224, 224)),),
+    outputs=(TensorSpec("logits", "tensor(float)", (-1, 1000)),),
+)
 
 __all__ = [
     "DATA",
     "DEMO_MODEL",
+    "DEMO_MODEL_INFO",
     "MODEL_NAME",
     "REPO",
     "Server",

@@ -92,15 +92,16 @@ def cases() -> Iterator[Case]:
 
 
 def record(base_url: str) -> dict[str, dict[str, str | int]]:
-    out: dict[str, dict[str, str | int]] = {}
-    for case in cases():
-        reply = case.send(base_url)
-        out[case.name] = {
-            "status": reply.status_code,
-            "content_type": reply.headers.get("Content-Type", ""),
-            "body": base64.b64encode(reply.content).decode(),
-        }
-    return out
+    return {case.name: as_recorded(case.send(base_url)) for case in cases()}
+
+
+def as_recorded(reply: requests.Response) -> dict[str, str | int]:
+    """A reply as a recording keeps it: status, content type and the body's bytes (base64)."""
+    return {
+        "status": reply.status_code,
+        "content_type": reply.headers.get("Content-Type", ""),
+        "body": base64.b64encode(reply.content).decode(),
+    }
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ K8S_VERSIONS = ("1.25.0", "1.37.0")
 # Custom resources kubernetes-validate has no schema for, checked by hand.
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("serving.kserve.io/v1alpha1", "ServingRuntime"),
 }
 

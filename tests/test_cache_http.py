@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from flask import Response
 
 from onnxpool.measure.repeats import jpeg_variant
-from onnxpool.server.reply_cache import insert_v2_id
+from onnxpool.server.operations import with_v2_id
+from onnxpool.server.reply import Reply
 from onnxpool.server.v2codec import BINARY_HEADER, encode_infer_response
 from tests.harness import DATA, MODEL_NAME, Server, running_server
 from tests.redis_harness import RedisServer
@@ -163,12 +163,9 @@ def test_inserted_v2_id_gives_the_encoders_bytes() -> None:
     for binary in (set(), {"logits"}, {"logits", "extra"}):
         want = encode_infer_response("m", "1", 'id "quoted" é', outputs, binary)
         bare = encode_infer_response("m", "1", None, outputs, binary)
-        response = Response(bare.body, content_type=bare.content_type)
-        if bare.header_length is not None:
-            response.headers[BINARY_HEADER] = str(bare.header_length)
-        insert_v2_id(response, 'id "quoted" é', BINARY_HEADER)
-        assert response.get_data() == want.body
-        assert response.headers.get(BINARY_HEADER) == (str(want.header_length) if want.header_length else None)
+        reply = with_v2_id(Reply(200, list(bare.headers.items()), bare.body), 'id "quoted" é')
+        assert reply.body == want.body
+        assert reply.header(BINARY_HEADER) == (str(want.header_length) if want.header_length else None)
 
 
 def redis_settings(redis: RedisServer, **extra: str) -> dict[str, str]:

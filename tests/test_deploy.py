@@ -115,7 +115,7 @@ def test_hup_swaps_model_without_failed_requests(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model.onnx", bias=0.0)
     config = tmp_path / "onnxpool.toml"
     labels = REPO / "models" / "efficientnet-lite0" / "labels.txt"
-    config.write_text(f'[model]\npath = "{model}"\nlabels = "{labels}"\n')
+    config.write_text(f'[model]\npath = "{model}"\n[task]\nlabels = "{labels}"\n')
     instance = front = None
     try:
         instance = start_instance(

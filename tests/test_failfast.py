@@ -24,7 +24,7 @@ def start_and_collect(tmp_path: Path, settings: dict[str, str]) -> tuple[int | N
         ({"ONNXPOOL_SERVER__WORKERS": "abc"}, "server.workers = 'abc' (from env ONNXPOOL_SERVER__WORKERS)"),
         ({"ONNXPOOL_SERVER__WORKR": "2"}, "unknown setting in environment variable ONNXPOOL_SERVER__WORKR"),
         ({"ONNXPOOL_MODEL__PATH": "/nonexistent/model.onnx"}, "model file /nonexistent/model.onnx does not exist"),
-        ({"ONNXPOOL_MODEL__INPUT_NAME": "pixels"}, "model.input_name = 'pixels' is not an input"),
+        ({"ONNXPOOL_TASK__INPUT_NAME": "pixels"}, "task.input_name = 'pixels' is not an input"),
     ],
 )
 def test_bad_settings_stop_the_master(tmp_path: Path, settings: dict[str, str], expected: str) -> None:
@@ -46,6 +46,6 @@ def test_corrupt_model_stops_the_master(tmp_path: Path) -> None:
 def test_labels_that_do_not_fit_the_model_stop_the_master(tmp_path: Path) -> None:
     labels = tmp_path / "labels.txt"
     labels.write_text("cat\ndog\n")
-    code, lines = start_and_collect(tmp_path, {"ONNXPOOL_MODEL__LABELS": str(labels)})
+    code, lines = start_and_collect(tmp_path, {"ONNXPOOL_TASK__LABELS": str(labels)})
     assert code not in (0, None)
     assert len(lines) == 1 and "has 2 labels but output 'logits' has 1000 classes" in lines[0]

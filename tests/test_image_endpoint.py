@@ -185,11 +185,11 @@ def test_chinese_labels_come_back_as_utf8(tmp_path: Path) -> None:
     settings = {
         "ONNXPOOL_MODEL__NAME": "colours",
         "ONNXPOOL_MODEL__PATH": str(model),
-        "ONNXPOOL_MODEL__LABELS": str(labels),
-        "ONNXPOOL_MODEL__PREPROCESS__RESIZE": "8",
-        "ONNXPOOL_MODEL__PREPROCESS__CROP": "8",
-        "ONNXPOOL_MODEL__PREPROCESS__MEAN": "[0, 0, 0]",
-        "ONNXPOOL_MODEL__PREPROCESS__STD": "[255, 255, 255]",
+        "ONNXPOOL_TASK__LABELS": str(labels),
+        "ONNXPOOL_TASK__PREPROCESS__RESIZE": "8",
+        "ONNXPOOL_TASK__PREPROCESS__CROP": "8",
+        "ONNXPOOL_TASK__PREPROCESS__MEAN": "[0, 0, 0]",
+        "ONNXPOOL_TASK__PREPROCESS__STD": "[255, 255, 255]",
         "ONNXPOOL_SERVER__WORKERS": "1",
     }
     with running_server(tmp_path, settings, workers=1) as srv:

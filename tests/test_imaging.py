@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
 from onnxpool.tasks.image.imaging import ImagePipeline, orient, resized_size, sniff_format
+from onnxpool.tasks.image.settings import PreprocessSettings
 from tests.harness import DATA
 
 CAT = (DATA / "chelsea-cat.jpg").read_bytes()  # 451x300

@@ -10,6 +10,7 @@ import requests
 from onnxpool.cli import main
 from onnxpool.config.loader import CONFIG_DIR, config_file_named, load_settings
 from onnxpool.measure.paths import DEMO_MODEL
+from onnxpool.tasks.image.settings import image_settings
 from onnxpool.workers.cpu_fit import CPUINFO_ENV
 from tests.harness import DATA, running_server
 from tests.test_quantize_targets import AVX2_HOST, VNNI_HOST, cpuinfo
@@ -24,7 +25,7 @@ def test_shipped_config_by_name() -> None:
     settings = load_settings(INT8).settings
     assert settings.model.name == INT8
     assert Path(settings.model.path).is_file() and Path(settings.model.path).parent.name == INT8
-    assert settings.model.preprocess == load_settings().settings.model.preprocess  # calibrated with these
+    assert image_settings(load_settings(INT8)).preprocess == image_settings(load_settings()).preprocess  # calibrated
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ to fail.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.k8s_render import (
     ALL_OVERLAYS,
@@ -474,6 +476,44 @@ def check_ingress(docs: Docs) -> list[str]:
     return problems
 
 
+MONITORING = REPO / "deploy" / "monitoring"
+
+
+def check_monitoring(docs: Docs) -> list[str]:
+    """With a ServiceMonitor come onnxpool's alerts and dashboard, as in deploy/monitoring/."""
+    monitors = objects(docs, "ServiceMonitor")
+    rules = objects(docs, "PrometheusRule")
+    boards = [cm for cm in objects(docs, "ConfigMap") if cm["metadata"].get("labels", {}).get("grafana_dashboard")]
+    if not monitors:
+        return [] if not rules and not boards else ["alert rules or a dashboard without a ServiceMonitor"]
+    problems = []
+    if len(rules) != 1:
+        problems.append(f"{len(rules)} PrometheusRules, expected onnxpool's one")
+    wanted = yaml.safe_load((MONITORING / "onnxpool-rules.yml").read_text(encoding="utf-8"))
+    for rule in rules:
+        if rule["spec"] != wanted:
+            problems.append(
+                f"PrometheusRule {rule['metadata']['name']} differs from deploy/monitoring/onnxpool-rules.yml"
+            )
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    shipped = [json.loads(text) for cm in boards for text in cm.get("data", {}).values()]
+    if shipped != [dashboard] or any(cm["metadata"]["labels"]["grafana_dashboard"] != "1" for cm in boards):
+        problems.append('no ConfigMap labelled grafana_dashboard: "1" holding deploy/monitoring/grafana-dashboard.json')
+    # The rules' up{job="onnxpool"}: a ServiceMonitor's job is the selected Service's name (no jobLabel).
+    for sm in monitors:
+        wanted_labels = sm["spec"].get("selector", {}).get("matchLabels")
+        jobs = {
+            s["metadata"]["name"]
+            for s in objects(docs, "Service")
+            if selects(wanted_labels, s["metadata"].get("labels", {}))
+        }
+        if sm["spec"].get("jobLabel") or jobs != {"onnxpool"}:
+            problems.append(
+                f"ServiceMonitor {sm['metadata']['name']} scrapes as job {jobs}: the alerts expect onnxpool"
+            )
+    return problems
+
+
 CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "selectors": check_selectors,
     "ports": check_ports,
@@ -486,6 +526,7 @@ CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "scrape": check_scrape,
     "ingress": check_ingress,
     "nginx": check_nginx,
+    "monitoring": check_monitoring,
 }
 
 # fixture folder -> (check that must catch it, words its message must contain)
@@ -504,6 +545,7 @@ NEGATIVE = {
     "bad-ingress": ("ingress", "proxy-body-size"),
     "bad-scrape": ("scrape", "scraped twice"),
     "bad-nginx": ("nginx", "nginx.pidfile"),
+    "bad-monitoring": ("monitoring", "differs from deploy/monitoring/onnxpool-rules.yml"),
 }
 
 
@@ -553,6 +595,14 @@ def check_custom_resource(doc: dict[str, Any]) -> list[str]:
     spec = doc.get("spec", {})
     if doc["kind"] == "ServiceMonitor":
         ok = spec.get("selector", {}).get("matchLabels") and all("port" in e for e in spec.get("endpoints", [{}]))
+    elif doc["kind"] == "PrometheusRule":
+        groups = spec.get("groups") or [{}]
+        ok = set(spec) == {"groups"} and all(
+            g.get("name")
+            and g.get("rules")
+            and all(("alert" in r) != ("record" in r) and r.get("expr") for r in g["rules"])
+            for g in groups
+        )
     else:
         ok = spec.get("containers") and spec.get("supportedModelFormats") and "v2" in spec.get("protocolVersions", [])
     return [] if ok else [f"{doc['kind']} lacks required fields"]
@@ -597,4 +647,5 @@ def test_overlays_choose_the_cpu_layouts_they_promise():
     assert layout("pinned") == "pinned"
     assert layout("shared") == "unpinned"
     assert objects(overlay("monitoring"), "ServiceMonitor")
+    assert objects(overlay("monitoring"), "PrometheusRule")
     assert objects(overlay("ingress-nginx"), "Ingress")

@@ -11,7 +11,7 @@ emulated on this machine (as root, which CI is):
   v2 `cpu.max`), with the affinity mask (all of this machine's cores) wider than the quota.
 
 Checked: ready within the startup probe's budget, every probe of both containers (the exec
-probes run as the manifest says, over the socket), /metrics and a classification through
+probes run as the manifest says, over the socket), /metrics, /docs and a classification through
 nginx, the unpinned quota-sized layout line; then, on the same pod, slow clients (1 byte/s)
 and an overload of 64 connections straight at nginx's port with probes watched throughout;
 and, with a slow model, SIGTERM to both containers at once during requests: nothing lost.
@@ -385,7 +385,7 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
             if c.name == APP:
                 # /models is the image's: here the checkout's demo model.
                 env["ONNXPOOL_MODEL__PATH"] = str(DEMO_MODEL)
-                env["ONNXPOOL_MODEL__LABELS"] = str(DEMO_MODEL.parent / "labels.txt")
+                env["ONNXPOOL_TASK__LABELS"] = str(DEMO_MODEL.parent / "labels.txt")
                 env.update(extra_env or {})
             else:
                 # The pod's port, on a free loopback port (no pod network namespace here).
@@ -503,6 +503,8 @@ def test_pod_serves_under_its_own_conditions(demo_pod: PodRun, pod: Pod, capsys:
     assert ok, detail
     metrics = requests.get(server.url + "/metrics", timeout=10)
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
+    for path in ("/docs", "/docs/swagger-ui-bundle.js", "/openapi.json"):  # the API page, in the pod
+        assert requests.get(server.url + path, timeout=10).status_code == 200, path
     with CAT.open("rb") as photo:
         answer = requests.post(server.url + "/predict", files={"image": photo}, timeout=30)
     assert answer.status_code == 200, answer.text

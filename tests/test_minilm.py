@@ -11,17 +11,16 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import openai
 import pytest
 import requests
 
 from benchmarks.minilm_check import REFERENCE, THRESHOLD, compare_with
 from benchmarks.text_sentences import sentences
-from onnxpool.tasks.text.options import TextEmbeddingOptions, resolve
-from onnxpool.tasks.text.pipeline import embed_batch
+from onnxpool.local import LocalRequest, load_task
+from onnxpool.tasks.errors import BadRequest
+from onnxpool.tasks.text.embedding import TextEmbedding
 from onnxpool.tasks.text.pooling import PoolingMode
-from onnxpool.tasks.text.tokenizing import InputTooLong
 from tests.harness import REPO, running_server
 
 MINILM = REPO / "models" / "minilm"
@@ -40,22 +39,17 @@ def _built_in_ci() -> None:
 
 
 def test_the_models_files_decide_and_the_export_runs() -> None:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(MINILM / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    names = tuple(i.name for i in session.get_inputs())
-    assert names == ("input_ids", "attention_mask", "token_type_ids")
-    task = resolve(TextEmbeddingOptions(), MINILM, names)
+    local = load_task(REPO / "config" / "minilm.toml", MINILM / "model.onnx")  # the served task, as served
+    task = local.task
+    assert isinstance(task, TextEmbedding)
+    assert tuple(t.name for t in task.model.inputs) == ("input_ids", "attention_mask", "token_type_ids")
     assert task.tokenizer.max_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
-    assert task.pooling.mode is PoolingMode.MEAN and task.pooling.normalize
-    with pytest.raises(InputTooLong, match="input 1 has 302 tokens"):
-        task.tokenizer.encode(["ok", "word " * 300])
+    assert task.spec.mode is PoolingMode.MEAN and task.spec.normalize
+    with pytest.raises(BadRequest, match="input 1 has 302 tokens"):
+        local.answer(LocalRequest.json({"input": ["ok", "word " * 300], "model": task.served.name}))
     texts = ["", "A man is eating food.", "A man is eating a piece of bread.", "The sky is blue today."]
-
-    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return np.asarray(session.run(["last_hidden_state"], feeds)[0])
-
-    vectors = embed_batch(task.tokenizer.encode(texts), run, task.pooling)
+    reply = local.answer(LocalRequest.json({"input": texts, "model": task.served.name}, route="/v1/embeddings"))
+    vectors = np.array([item["embedding"] for item in reply["data"]])
     assert vectors.shape == (4, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     similar, unrelated = float(vectors[1] @ vectors[2]), float(vectors[1] @ vectors[3])

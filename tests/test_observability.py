@@ -17,7 +17,7 @@ from onnxpool.config.loader import load_settings
 from onnxpool.config.settings import LoggingSettings
 from onnxpool.logs import GunicornLogger, JsonFormatter, TextFormatter, logconfig_dict
 from onnxpool.measure.payloads import InputSpec, v2_binary_request
-from onnxpool.server import request_id, request_state, timing
+from onnxpool.server import request_id, timing
 from onnxpool.server.app import create_app
 from onnxpool.server.request_id import RequestIdLogFilter
 from onnxpool.server.request_start import parse_request_start, seconds_since
@@ -82,12 +82,6 @@ def test_timer_keeps_the_stamp_for_later_checks() -> None:
     assert timer.waited(now + 3.0) == pytest.approx(5.0)  # judged at the caller's moment, not the arrival's
     assert timing.RequestTimer.arriving(None).waited(now) is None
     assert timing.RequestTimer.arriving(now - 7300).waited(now) is None  # a wrong clock
-
-
-def test_phase_outside_a_request_is_a_no_op() -> None:
-    with request_state.phase("decode"):
-        pass
-    assert request_state.current_timer() is None
 
 
 # --- request ids ----------------------------------------------------------------------------------

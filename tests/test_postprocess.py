@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from onnxpool.tasks.classes import LabelsError, load_labels, scores
 from onnxpool.tasks.errors import BadRequest
-from onnxpool.tasks.image.postprocess import LabelsError, load_labels, scores, top_k
+from onnxpool.tasks.image.postprocess import top_k
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_DIR = REPO / "models" / "efficientnet-lite0"
@@ -145,8 +146,9 @@ def test_top_k_below_one_is_a_bad_request() -> None:
 
 def test_demo_model_labels_the_cat_and_the_espresso() -> None:
     ort = pytest.importorskip("onnxruntime")
-    from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+    from onnxpool.config.settings import LimitsSettings
     from onnxpool.tasks.image.imaging import ImagePipeline
+    from onnxpool.tasks.image.settings import PreprocessSettings
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

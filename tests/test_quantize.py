@@ -43,7 +43,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _images(root / "calib", 24, seed=1)
     _images(root / "eval" / "3", 16, seed=2)  # class folders: the labels are class indexes 3 and 7
     _images(root / "eval" / "7", 16, seed=3)
-    (root / "settings.toml").write_text(f"[model.preprocess]\nresize = {SIZE}\ncrop = {SIZE}\n")
+    (root / "settings.toml").write_text(f"[task.preprocess]\nresize = {SIZE}\ncrop = {SIZE}\n")
     return root
 
 
@@ -204,7 +204,7 @@ def test_models_that_cannot_be_quantized(work: Path, tmp_path: Path, capsys: pyt
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     cases = [("ints.onnx", "float32 input"), ("junk.onnx", "not an ONNX model"), ("none", "exist")]
     cases.append((str(work / "plain.onnx"), "pass the model's settings with --config"))  # 16x16 model, 24x24 images
-    (work / "big.toml").write_text("[model.preprocess]\nresize = 24\ncrop = 24\n")
+    (work / "big.toml").write_text("[task.preprocess]\nresize = 24\ncrop = 24\n")
     for model, expected in cases:
         config = work / ("big.toml" if model.startswith("/") else "settings.toml")
         assert quantize(work, tmp_path / model, tmp_path / "o.onnx", "--config", str(config)) == 2
@@ -287,8 +287,8 @@ def test_labels_file_by_name_or_index(tmp_path: Path) -> None:
 
 
 def test_grey_level_noise_is_in_normalised_units() -> None:
-    from onnxpool.config.settings import PreprocessSettings
     from onnxpool.quantize.evaluate import grey_level_noise
+    from onnxpool.tasks.image.settings import PreprocessSettings
 
     spec = PreprocessSettings(mean=(0.0, 0.0, 0.0), std=(1.0, 2.0, 4.0), scale=1.0)
     images = np.zeros((4, 3, 8, 8), np.float32)

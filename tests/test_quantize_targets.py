@@ -163,9 +163,9 @@ def vnni_model(work: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  #
 def test_server_warns_about_a_vnni_model_on_a_cpu_without_vnni(vnni_model: Path, tmp_path: Path) -> None:
     settings = {
         "ONNXPOOL_MODEL__PATH": str(vnni_model / "m.onnx"),
-        "ONNXPOOL_MODEL__LABELS": str(vnni_model / "labels.txt"),
-        "ONNXPOOL_MODEL__PREPROCESS__RESIZE": str(SIZE),
-        "ONNXPOOL_MODEL__PREPROCESS__CROP": str(SIZE),
+        "ONNXPOOL_TASK__LABELS": str(vnni_model / "labels.txt"),
+        "ONNXPOOL_TASK__PREPROCESS__RESIZE": str(SIZE),
+        "ONNXPOOL_TASK__PREPROCESS__CROP": str(SIZE),
         "ONNXPOOL_SERVER__WORKERS": "1",
         CPUINFO_ENV: str(cpuinfo(tmp_path, AVX2_HOST)),
     }
@@ -185,7 +185,7 @@ def test_server_warns_about_a_vnni_model_on_a_cpu_without_vnni(vnni_model: Path,
 def test_refusal_setting_stops_the_start(vnni_model: Path, tmp_path: Path) -> None:
     settings = {
         "ONNXPOOL_MODEL__PATH": str(vnni_model / "m.onnx"),
-        "ONNXPOOL_MODEL__LABELS": str(vnni_model / "labels.txt"),
+        "ONNXPOOL_TASK__LABELS": str(vnni_model / "labels.txt"),
         "ONNXPOOL_MODEL__CPU_MISMATCH": "refuse",
         CPUINFO_ENV: str(cpuinfo(tmp_path, AVX2_HOST)),
     }
@@ -252,7 +252,7 @@ def test_depthwise_convolutions_keep_8bit_weights_with_reduce_range(tmp_path: Pa
 
     small_cnn(tmp_path / "dw.onnx", SIZE, fragile=False, depthwise=True)
     _images(tmp_path / "calib", 24, seed=1)
-    (tmp_path / "settings.toml").write_text(f"[model.preprocess]\nresize = {SIZE}\ncrop = {SIZE}\n")
+    (tmp_path / "settings.toml").write_text(f"[task.preprocess]\nresize = {SIZE}\ncrop = {SIZE}\n")
     old = os.environ.get(CPUINFO_ENV)
     os.environ[CPUINFO_ENV] = str(cpuinfo(tmp_path, AVX2_HOST))  # host = AVX2 without VNNI: 7-bit weights
     try:
@@ -295,9 +295,9 @@ def test_the_build_made_for_this_cpu_is_served(vnni_model: Path, work: Path, tmp
     settings = {
         "ONNXPOOL_MODEL__PATH": str(work / "plain.onnx"),
         "ONNXPOOL_MODEL__CPU_VARIANTS": json.dumps([str(tmp_path / "missing.onnx"), str(tmp_path / "vnni-build.onnx")]),
-        "ONNXPOOL_MODEL__LABELS": str(vnni_model / "labels.txt"),
-        "ONNXPOOL_MODEL__PREPROCESS__RESIZE": str(SIZE),
-        "ONNXPOOL_MODEL__PREPROCESS__CROP": str(SIZE),
+        "ONNXPOOL_TASK__LABELS": str(vnni_model / "labels.txt"),
+        "ONNXPOOL_TASK__PREPROCESS__RESIZE": str(SIZE),
+        "ONNXPOOL_TASK__PREPROCESS__CROP": str(SIZE),
         "ONNXPOOL_SERVER__WORKERS": "1",
     }
     for flags, target in ((VNNI_HOST, "avx512-vnni"), (AVX2_HOST, None)):

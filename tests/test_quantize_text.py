@@ -23,7 +23,7 @@ from onnxpool.cli import main
 from onnxpool.quantize.errors import QuantizeError
 from onnxpool.quantize.report import report_path
 from onnxpool.quantize.targets import find_qemu
-from onnxpool.quantize.text import compare_embeddings, read_sentences
+from onnxpool.quantize.text import ReplayRunner, compare_embeddings, read_sentences
 from onnxpool.workers.cpu_fit import CPUINFO_ENV, ModelRecipe
 from tests.harness import running_server
 from tests.test_quantize import one_error_line
@@ -155,3 +155,19 @@ def test_portable_is_judged_on_emulated_avx2_kernels(folder: Path, tmp_path: Pat
     assert avx2["judged"] == "qemu" and avx2["command"].endswith("-cpu Haswell")
     assert avx2["similarity"]["n"] == 30 and avx2["similarity"]["mean_cosine"] >= 0.5
     assert report["targets"]["arm64"]["similarity"] is None
+
+
+def test_the_emulated_outputs_are_replayed_only_to_the_feeds_they_were_made_for() -> None:
+    """Under qemu the task runs twice: its feeds recorded natively, then the emulated outputs replayed in order."""
+    recorded = [{"input_ids": np.array([[1, 2]])}, {"input_ids": np.array([[3]])}]
+    outputs = [np.zeros((1, 2, 4), np.float32), np.ones((1, 1, 4), np.float32)]
+    replay = ReplayRunner(recorded, outputs)
+    assert replay.infer(recorded[0], ["last_hidden_state"])["last_hidden_state"] is outputs[0]
+    with pytest.raises(QuantizeError, match="run 2 asked for other feeds"):
+        replay.infer({"input_ids": np.array([[4]])}, ["last_hidden_state"])
+    with pytest.raises(QuantizeError, match="1 of 2 runs used"):
+        replay.finished()
+    assert replay.infer(recorded[1], ["last_hidden_state"])["last_hidden_state"] is outputs[1]
+    replay.finished()
+    with pytest.raises(QuantizeError, match="run 3 asked for other feeds"):
+        replay.infer(recorded[1], ["last_hidden_state"])

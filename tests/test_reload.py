@@ -80,7 +80,7 @@ def write_labels(path: Path, prefix: str) -> None:
 
 def write_settings(path: Path, model: Path, labels: Path, top_k: int, extra: str = "") -> None:
     path.write_text(
-        f'[model]\npath = "{model}"\nlabels = "{labels}"\ntop_k = {top_k}\nwarmup_runs = 1\n{extra}',
+        f'[model]\npath = "{model}"\nwarmup_runs = 1\n[task]\nlabels = "{labels}"\ntop_k = {top_k}\n{extra}',
         encoding="utf-8",
     )
 

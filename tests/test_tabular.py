@@ -26,6 +26,10 @@ IRIS = "/v1/models/iris:predict"
 SETOSA = [5.1, 3.5, 1.4, 0.2]
 VIRGINICA = {"sepal_length": 6.7, "sepal_width": 3.0, "petal_length": 5.2, "petal_width": 2.3}
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
+IRIS_TENSORS = ModelInfo(
+    inputs=(TensorSpec("input", "tensor(float)", (-1, 4)),),
+    outputs=(TensorSpec("label", "tensor(int64)", (-1,)), TensorSpec("probabilities", "tensor(float)", (-1, 3))),
+)
 
 
 @pytest.fixture(scope="module")
@@ -120,18 +124,16 @@ def test_a_regressor_answers_values(tmp_path: Path) -> None:
         overrides={
             "model.task": "tabular",
             "model.path": str(model),
-            "model.labels": None,
             "task.features": ["a", "b", "c"],
         },
     )
-    task = build_task(loaded)
     info = ModelInfo(
         inputs=(TensorSpec("x", "tensor(float)", (-1, 3)),), outputs=(TensorSpec("y", "tensor(float)", (-1, 1)),)
     )
-    task.check(info)
+    task = build_task(loaded, info)
     assert isinstance(task, Tabular)
     inputs = Instances(np.array([[1, 2, 3], [0.5, 0, 0]], dtype=np.float32))
-    assert list(task.feeds(inputs, info)) == ["x"] and task.output_names(info) == ["y"]
+    assert list(task.feeds(inputs)) == ["x"] and task.output_names() == ["y"]
     assert task.reply(inputs, {"y": np.array([[12.0], [1.0]], dtype=np.float32)}) == {"predictions": [12.0, 1.0]}
 
 
@@ -139,23 +141,19 @@ def test_settings_errors_name_the_key(tmp_path: Path) -> None:
     config = tmp_path / "t.toml"
     config.write_text('[model]\ntask = "tabular"\n[task]\nfeaturez = ["a"]\n')
     with pytest.raises(ConfigError) as err:
-        build_task(load_settings(config, environ={}))
+        build_task(load_settings(config, environ={}), IRIS_TENSORS)
     assert "task.featurez: unknown key (from file" in str(err.value) and "allowed here: features" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        build_task(load_settings(config, environ={"ONNXPOOL_TASK__FEATUREZ": "1"}))
+        build_task(load_settings(config, environ={"ONNXPOOL_TASK__FEATUREZ": "1"}), IRIS_TENSORS)
     assert "(from env ONNXPOOL_TASK__FEATUREZ)" in str(err.value)
     config.write_text('[model]\ntask = "tabular"\n[task]\nfeatures = ["a", "a"]\n')
     with pytest.raises(ConfigError) as err:
-        build_task(load_settings(config, environ={}))
+        build_task(load_settings(config, environ={}), IRIS_TENSORS)
     assert "task.features = ('a', 'a')" in str(err.value) or "task.features = ['a', 'a']" in str(err.value)
     assert "repeated: a" in str(err.value)
     iris = load_settings(REPO / "config" / "iris.toml", environ={"ONNXPOOL_TASK__FEATURES": '["a", "b"]'})
-    info = ModelInfo(
-        inputs=(TensorSpec("input", "tensor(float)", (-1, 4)),),
-        outputs=(TensorSpec("label", "tensor(int64)", (-1,)), TensorSpec("probabilities", "tensor(float)", (-1, 3))),
-    )
     with pytest.raises(TaskConfigError, match=r"task\.features names 2 features but input 'input' takes 4 columns"):
-        build_task(iris).check(info)
+        build_task(iris, IRIS_TENSORS)
 
 
 def test_iris_refused_at_start_when_its_features_do_not_fit(tmp_path: Path) -> None:
@@ -173,7 +171,7 @@ def test_iris_refused_at_start_when_its_features_do_not_fit(tmp_path: Path) -> N
 
 def test_auto_serves_a_model_without_an_image_input_as_named_tensors(tmp_path: Path) -> None:
     model = linear_regressor(tmp_path / "reg.onnx", features=3)
-    settings = {"ONNXPOOL_MODEL__PATH": str(model), "ONNXPOOL_MODEL__LABELS": '""', "ONNXPOOL_SERVER__WORKERS": "1"}
+    settings = {"ONNXPOOL_MODEL__PATH": str(model), "ONNXPOOL_SERVER__WORKERS": "1"}
     with running_server(tmp_path, settings, workers=1) as server:
         reply = predict(server, {"inputs": {"x": [[1, 2, 3], [0.5, 0, 0]]}}, "/predict")
         assert reply.status_code == 200, reply.text

@@ -10,14 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import openai
 import pytest
 import requests
 import tritonclient.http as triton
 
-from onnxpool.tasks.text.options import TextEmbeddingOptions, resolve
-from onnxpool.tasks.text.pipeline import embed_batch
+from onnxpool.local import LocalRequest, load_task
 from tests.harness import Server, running_server
 from tests.text_models import build_classifier_folder, build_text_model_folder
 
@@ -29,14 +27,14 @@ TEXTS = ["hello world", "", "the cat sat on the mat", "  dogs ran!  ", "héllo w
 
 
 def reference(folder: Path, texts: list[str]) -> np.ndarray:
-    """The embeddings computed in process, one text at a time (no padding, no sub-batches)."""
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    task = resolve(TextEmbeddingOptions(), folder)
-
-    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return np.asarray(session.run(["last_hidden_state"], feeds)[0])
-
-    return np.concatenate([embed_batch(task.tokenizer.encode([t]), run, task.pooling, batch_size=None) for t in texts])
+    """The embeddings of the served task (the folder's settings) computed in process, one text at a time
+    (no padding, no sub-batches)."""
+    local = load_task(folder / "onnxpool.toml", overrides={"task.sub_batch": 0})
+    rows = []
+    for text in texts:
+        request = local.task.read(LocalRequest.json({"input": [text], "model": MODEL}, route="/v1/embeddings"))
+        rows.append(local.task.run(request, local.runner).vectors)
+    return np.concatenate(rows)
 
 
 def settings_file(folder: Path, task: str, extra: str = "") -> Path:

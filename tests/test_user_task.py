@@ -1,17 +1,23 @@
-"""A user's task from a file outside the package, served through real gunicorn: the complete example
-of docs/TASKS.md, taken from the page itself (code, settings and the reply it promises)."""
+"""A user's task from a file outside the package, served through real gunicorn: the complete examples
+of docs/TASKS.md (the scorer and the detector), taken from the page itself (code, settings, labels and
+the replies it promises)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import requests
+from PIL import Image
 
 from tests.harness import REPO, running_server, start_server
 from tests.tiny_models import linear_regressor
+from tools.build_detector import build_detector
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +103,177 @@ def test_a_task_by_module_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (package / "tasks.py").write_text(_block("python", '"""scorer.py'))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert task_class("mypkg.tasks:Scorer").name == "scorer"
+
+
+# ------------------------------------------------------------------ the detector: boxes in the photo's pixels
+
+
+def _detector(folder: Path) -> tuple[Path, str]:
+    """The page's detector.py, detector.toml and labels file in `folder` (not the server's working
+    directory: the labels path resolves against the settings file), and the page's shell block."""
+    folder.mkdir()
+    (folder / "detector.py").write_text(_block("python", '"""detector.py'))
+    (folder / "detector.toml").write_text(_block("toml", "# detector.toml"))
+    shell = _block("sh", "python tools/build_detector.py detector.onnx")
+    labels = re.search(r"printf '(.*?)' > (\S+)", shell)
+    assert labels is not None
+    (folder / labels.group(2)).write_text(labels.group(1).replace("\\n", "\n"))
+    build_detector(folder / "detector.onnx")
+    return folder / "detector.toml", shell
+
+
+def _png(image: Image.Image, orientation: int = 1) -> bytes:
+    """Lossless, so two encodings of the same pixels decode to the same pixels."""
+    exif = Image.Exif()
+    if orientation != 1:
+        exif[0x0112] = orientation  # EXIF Orientation
+    out = io.BytesIO()
+    image.save(out, "PNG", exif=exif.tobytes())
+    return out.getvalue()
+
+
+def _detect(url: str, photo: bytes) -> dict[str, Any]:
+    reply = requests.post(url + "/detect", files={"image": ("photo.png", photo, "image/png")}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    found: dict[str, Any] = reply.json()["photos"][0]
+    return found
+
+
+def _same_boxes(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], scale: float = 1.0, tol: float = 0.5) -> bool:
+    """Every detection has one in `theirs` of the same label whose box is `scale` times its own (within `tol`)."""
+    if len(ours) != len(theirs):
+        return False
+    for mine in ours:
+        box = np.array(mine["box"]) * scale
+        if not any(
+            other["label"] == mine["label"] and np.abs(np.array(other["box"]) - box).max() <= tol for other in theirs
+        ):
+            return False
+    return True
+
+
+def test_the_documented_detector_serves_the_documented_reply(tmp_path: Path) -> None:
+    config, shell = _detector(tmp_path / "site")
+    photo = re.search(r"-F image=@(\S+)", shell)
+    promised = re.search(r"^# (\{.*\})$", shell, re.M)
+    assert photo is not None and promised is not None
+    expected = json.loads(promised.group(1))
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, config=config, workers=1) as server:
+        sent = (REPO / photo.group(1)).read_bytes()
+        reply = requests.post(server.url + "/detect", files={"image": ("cat.jpg", sent, "image/jpeg")}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        got = reply.json()
+        assert got["model"] == expected["model"] and len(got["photos"]) == 1
+        (mine,), (page,) = got["photos"], expected["photos"]
+        assert (mine["width"], mine["height"]) == (page["width"], page["height"])
+        assert [d["label"] for d in mine["detections"]] == [d["label"] for d in page["detections"]]
+        assert np.allclose(
+            [d["score"] for d in mine["detections"]], [d["score"] for d in page["detections"]], atol=2e-3
+        )
+        assert _same_boxes(mine["detections"], page["detections"], tol=0.2)  # the page's numbers, to rounding
+        raw = requests.post(server.url + "/detect", data=sent, headers={"Content-Type": "image/jpeg"}, timeout=30)
+        assert raw.json() == got  # a raw image/* body is the same photo
+        assert raw.headers["X-Cache"] == "HIT"  # canonical: the photo's bytes, not the framing
+        two = requests.post(server.url + "/detect", files=[("image", sent), ("image", sent)], timeout=30)
+        assert two.status_code == 200 and two.json()["photos"] == [mine, mine]
+        bad = requests.post(server.url + "/detect", files={"image": ("x.jpg", b"not a photo")}, timeout=30)
+        assert bad.status_code in (415, 422) and "image[0]" in bad.json()["error"]
+        wrong = requests.post(server.url + "/detect", json={"image": "cat"}, timeout=30)
+        assert wrong.status_code == 415 and "multipart/form-data" in wrong.json()["error"]
+        assert "task: detector; routes: POST /detect" in server.log()
+
+
+def test_the_detectors_boxes_are_in_each_photos_own_pixels(tmp_path: Path) -> None:
+    config, _ = _detector(tmp_path / "site")
+    cat = Image.open(REPO / "models" / "samples" / "chelsea-cat.jpg").convert("RGB")
+    width, height = cat.size
+    assert width > height  # a wide photo
+    photos = {
+        "wide": _png(cat),
+        "double": _png(cat.resize((2 * width, 2 * height), Image.Resampling.LANCZOS)),
+        "tall": _png(cat.transpose(Image.Transpose.ROTATE_270)),  # turned a quarter clockwise: tall
+        "sideways": _png(cat, orientation=6),  # the wide pixels, with EXIF "turn a quarter clockwise to show"
+    }
+    settings = {"ONNXPOOL_SERVER__WORKERS": "1", "ONNXPOOL_TASK__MIN_SCORE": "0"}  # every detection
+    with running_server(tmp_path, settings, config=config, workers=1) as server:
+        found = {name: _detect(server.url, photo) for name, photo in photos.items()}
+    sizes = {name: (f["width"], f["height"]) for name, f in found.items()}
+    assert sizes == {
+        "wide": (width, height),
+        "double": (2 * width, 2 * height),
+        "tall": (height, width),
+        "sideways": (height, width),
+    }
+    boxes = {name: np.array([d["box"] for d in f["detections"]]) for name, f in found.items()}
+    assert all(len(b) == 16 for b in boxes.values())
+    # The model saw the middle square of each photo (resize the shorter side to 224, crop 224 x 224):
+    # in the photo's pixels, boxes of the wide photo lie in its middle `height` columns, and of the
+    # tall one in its middle `height` rows (the cat's shorter side is the tall photo's width).
+    margin = (width - height) / 2
+    wide, tall = boxes["wide"], boxes["tall"]
+    assert wide[:, [0, 2]].min() >= margin - 1 and wide[:, [0, 2]].max() <= width - margin + 1
+    assert wide[:, [1, 3]].min() >= 0 and wide[:, [1, 3]].max() <= height
+    assert tall[:, [1, 3]].min() >= margin - 1 and tall[:, [1, 3]].max() <= width - margin + 1
+    assert tall[:, [0, 2]].min() >= 0 and tall[:, [0, 2]].max() <= height
+    assert wide[:, [1, 3]].max() > 0.9 * height  # ...and reach the whole height, which was not cropped
+    # The same photo twice as large: the same detections, boxes twice as large.
+    assert _same_boxes(found["wide"]["detections"], found["double"]["detections"], scale=2.0, tol=1.0)
+    # Stored sideways with an EXIF orientation: the boxes of the upright photo.
+    assert _same_boxes(found["sideways"]["detections"], found["tall"]["detections"], tol=0.5)
+
+
+FIRST_API_TASK = """
+import numpy as np
+from onnxpool.tasks.api import Task, TaskSettings
+
+
+class OldScorer(Task):
+    name = "old-scorer"
+    routes = ("/score",)
+
+    def check(self, model):
+        pass
+
+    def read(self, request):
+        return np.zeros((1, 3), np.float32)
+
+    def canonical(self, inputs):
+        return [inputs.tobytes()]
+
+    def feeds(self, inputs, model):
+        return {model.inputs[0].name: inputs}
+
+    def reply(self, inputs, outputs):
+        return {}
+"""
+
+
+def test_a_task_written_for_the_first_api_is_refused_at_start_with_one_line(tmp_path: Path) -> None:
+    config = _example(tmp_path)
+    (tmp_path / "old.py").write_text(FIRST_API_TASK)
+    config.write_text(config.read_text().replace('task = "scorer.py:Scorer"', 'task = "old.py:OldScorer"'))
+    server = start_server(tmp_path, {}, config=config, wait=False)
+    try:
+        assert server.process.wait(timeout=60) == 1
+    finally:
+        server.stop()
+    lines = [line for line in server.log().splitlines() if "written for the first task API" in line]
+    assert len(lines) == 1, server.log()
+    assert "OldScorer: it is written for the first task API: rename check(model) to bind(model)" in lines[0]
+    assert "'From the first task API'" in lines[0] and "From the first task API" in PAGE
+
+
+def test_the_detector_runs_in_process_as_the_page_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, shell = _detector(tmp_path / "site")
+    (config.parent / "models").mkdir()
+    (config.parent / "models" / "samples").symlink_to(REPO / "models" / "samples")
+    monkeypatch.chdir(config.parent)
+    scope: dict[str, Any] = {}
+    snippet = _block("python", "from pathlib import Path\n\nfrom onnxpool.local import")
+    exec(snippet, scope)  # the page's snippet, as written
+    promised = re.search(r"^# (\{.*\})$", shell, re.M)
+    assert promised is not None
+    page = json.loads(promised.group(1))
+    assert scope["reply"]["photos"][0]["detections"][0]["label"] == page["photos"][0]["detections"][0]["label"]
+    assert _same_boxes(scope["reply"]["photos"][0]["detections"], page["photos"][0]["detections"], tol=0.2)
+    assert type(scope["result"]).__name__ == "Detections" and scope["result"].sizes == [(451, 300)]

@@ -100,6 +100,9 @@ def test_installed_server_labels_the_cat(installed: Path, tmp_path: Path) -> Non
         assert reply.status_code == 200, reply.text
         top = reply.json()["predictions"][0][0]["label"]
         assert "cat" in top, reply.json()
+        # The /docs page and Swagger UI's files are package data of the wheel and its dependency.
+        for path in ("/docs", "/docs/onnxpool-docs.js", "/docs/swagger-ui-bundle.js"):
+            assert requests.get(server.url + path, timeout=10).status_code == 200, path
         assert str(REPO) not in server.log()  # nothing was taken from the checkout
     finally:
         server.stop()

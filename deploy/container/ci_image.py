@@ -22,7 +22,7 @@ CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_
    container's `--cpus` / `--memory` limits, all capabilities dropped,
    no-new-privileges, the pod's port published. Then: ready through nginx within
    the startup budget, every probe (nginx's httpGet ones; gunicorn's exec
-   liveness via `podman exec`), /metrics, a cat, the layout line; 2 slow clients
+   liveness via `podman exec`), /metrics, /docs and its files, a cat, the layout line; 2 slow clients
    (1 byte/s) with requests and probes still answered; 32 connections of
    overload (503 + Retry-After, probes green, served p99 bounded); a clean
    `podman pod stop`. Then once more with a slow model (tests/slow_model.py):
@@ -473,7 +473,7 @@ def probe_checks(pod: Pod, running: Running) -> list[pod_load.Check]:
 
 
 def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
-    """The demo model: start-up, probes, /metrics, a cat, the layout line; slow clients; overload; a clean stop."""
+    """The demo model: start-up, probes, /metrics, /docs, a cat, the layout line; slow clients; overload; clean stop."""
     running = start_pod(pod, tag, workdir)
     if running is None:
         return
@@ -488,6 +488,10 @@ def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
             record(f"probe {detail.split(':')[0]}", ok, detail)
         status, body = http("GET", running.base + "/metrics")
         record("GET /metrics", status == 200 and b"# TYPE" in body, f"HTTP {status}, {len(body)} bytes")
+        # The API page and Swagger UI's files (the locked flask-swagger-ui's copy), through nginx.
+        for path, marker in (("/docs", b"swagger-ui-bundle.js"), ("/docs/swagger-ui-bundle.js", b"SwaggerUIBundle")):
+            status, body = http("GET", running.base + path)
+            record(f"GET {path}", status == 200 and marker in body, f"HTTP {status}, {len(body)} bytes")
         payload, ctype = multipart("image", CAT)
         status, body = http("POST", running.base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
         record("POST /predict (cat photo)", status == 200 and b"cat" in body.lower(), f"HTTP {status} {body[:120]!r}")

@@ -2,7 +2,7 @@
 
 Pure library code: no HTTP, no onnxruntime. The route hands over the raw file
 bytes; `ImagePipeline` checks them against `[limits]`, decodes them with Pillow
-and writes the batch described by `[model.preprocess]` into a per-thread
+and writes the batch described by `[task.preprocess]` into a per-thread
 buffer that is reused from request to request.
 
 Decisions a reader should know about:
@@ -32,14 +32,16 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from PIL import ExifTags, Image
 
-from onnxpool.config.settings import LimitsSettings, PreprocessSettings
+from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.errors import PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from onnxpool.tasks.image.settings import PreprocessSettings
 
 # Pillow plugin names tried by Image.open; JPEG's factory also yields MPO.
 PILLOW_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF")
@@ -196,8 +198,30 @@ class _ThreadBuffers(threading.local):
     batch: np.ndarray[Any, Any] | None = None
 
 
+Size = tuple[int, int]
+"""(width, height) in pixels."""
+_TRANSPOSING = (5, 6, 7, 8)
+"""EXIF orientations that turn the image a quarter: its upright width is the stored height."""
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a point of the model's input maps back to the original image (resize, then centre crop)."""
+
+    scale_x: float
+    scale_y: float
+    """Original pixels per resized pixel, across and down."""
+    left: int
+    top: int
+    """The crop's corner in the resized image."""
+
+    def to_original(self, x: float, y: float) -> tuple[float, float]:
+        """A point in input pixels (0..crop) as a point in the original image's pixels."""
+        return (x + self.left) * self.scale_x, (y + self.top) * self.scale_y
+
+
 class ImagePipeline:
-    """Decode and preprocess uploaded images for one model's `[model.preprocess]` spec.
+    """Decode and preprocess uploaded images for one model's `[task.preprocess]` spec.
 
     Thread-safe: configuration is read-only after construction and each thread
     writes into its own buffer.
@@ -274,8 +298,9 @@ class ImagePipeline:
         rgb = flatten_alpha(to_working_mode(im, what)).convert("RGB")
         return Image.fromarray(np.ascontiguousarray(orient(np.asarray(rgb), orientation)))
 
-    def crop_pixels(self, data: bytes | memoryview, what: str = "image") -> Pixels:
-        """The upright crop x crop uint8 pixels, (H, W, 3) RGB or (H, W) grey."""
+    def crop_pixels(self, data: bytes | memoryview, what: str = "image", sizes: list[Size] | None = None) -> Pixels:
+        """The upright crop x crop uint8 pixels, (H, W, 3) RGB or (H, W) grey; the upright image's
+        (width, height) appended to `sizes` when given."""
         spec = self.spec
         im = self.open(data, what)
         width, height = im.size
@@ -288,6 +313,8 @@ class ImagePipeline:
                 scale = width / drafted[1][2]
         _load(im, what)
         orientation = exif_orientation(im)
+        if sizes is not None:
+            sizes.append((height, width) if orientation in _TRANSPOSING else (width, height))
         im = to_working_mode(im, what)
         # The crop box in resized coordinates, mapped back to the (drafted) source:
         # only what survives the crop is resampled.
@@ -301,9 +328,11 @@ class ImagePipeline:
     # -- batching -------------------------------------------------------------
 
     def preprocess_batch(
-        self, images: Sequence[bytes | memoryview], what: Sequence[str] | None = None
+        self, images: Sequence[bytes | memoryview], what: Sequence[str] | None = None, sizes: list[Size] | None = None
     ) -> np.ndarray[Any, Any]:
-        """The model input for `images`, (n, *input_shape) in spec.dtype.
+        """The model input for `images`, (n, *input_shape) in spec.dtype; each upright image's
+        original (width, height) appended to `sizes` when given (a detector rescales boxes with
+        `framing`).
 
         The array is this thread's reused buffer: valid until this thread's next call.
         `limits.max_images` is enforced here; running it in chunks of
@@ -319,8 +348,16 @@ class ImagePipeline:
             raise ValueError(f"{len(names)} names given for {n} images")
         batch = self._batch_buffer(n)
         for i, (data, name) in enumerate(zip(images, names, strict=True)):
-            self._write(self.crop_pixels(data, name), batch[i])
+            self._write(self.crop_pixels(data, name, sizes), batch[i])
         return batch[:n]
+
+    def framing(self, size: Size) -> Framing:
+        """Where the model's crop x crop input lies in an upright image of `size` (width, height)."""
+        width, height = size
+        new_w, new_h = resized_size(width, height, self.spec.resize)
+        left = round((new_w - self.spec.crop) / 2.0)
+        top = round((new_h - self.spec.crop) / 2.0)
+        return Framing(scale_x=width / new_w, scale_y=height / new_h, left=left, top=top)
 
     def _batch_buffer(self, n: int) -> np.ndarray[Any, Any]:
         """This thread's buffer with room for at least n images (doubling, up to max_images)."""

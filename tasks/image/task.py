@@ -2,28 +2,81 @@
 
 Accepts multipart/form-data with one or more files in the field `image`, or a raw
 body whose Content-Type is `image/*`. All images of one request run as ONE batched
-inference. Preprocessing is `[model.preprocess]`, the scores `[model] postprocess`,
-the class names `[model] labels`: the settings this endpoint always had, so the task
-needs no `[task]` table of its own.
+inference. Its `[task]` table (`tasks/image/settings.py`): preprocessing `[task.preprocess]`,
+the scores `postprocess`, the class names `labels`, `top_k`, which tensors.
+
+`read_images` is public: a task of your own that takes uploaded photos (a detector,
+docs/TASKS.md) reads them with it, and preprocesses them with `ImagePipeline`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Task, TaskConfigError, TaskSettings
+from onnxpool.config.settings import LimitsSettings
+from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, ServedModel, Task, TaskConfigError
+from onnxpool.tasks.classes import load_labels, scores
 from onnxpool.tasks.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from onnxpool.tasks.image.formdata import parse_form
 from onnxpool.tasks.image.imaging import ImagePipeline
-from onnxpool.tasks.image.postprocess import load_labels, scores, top_k
+from onnxpool.tasks.image.postprocess import top_k
+from onnxpool.tasks.image.settings import ImageClassificationSettings
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 IMAGE_FIELD = "image"
+
+
+@dataclass(frozen=True)
+class ImageUploads:
+    """The images of one request, a name for each (for error messages), and its other form fields."""
+
+    images: list[bytes]
+    names: list[str]
+    fields: dict[str, str]
+
+
+def read_images(request: RequestParts, limits: LimitsSettings) -> ImageUploads:
+    """The uploaded images: multipart files in field `image`, or a raw `image/*` body (4xx otherwise).
+
+    At most `[limits] max_images` files and `max_batch` images; each image's bytes are checked
+    when `ImagePipeline` decodes them.
+    """
+    mimetype = request.mimetype
+    if mimetype == "multipart/form-data":
+        form = parse_form(request.body(), request.content_type, IMAGE_FIELD, limits.max_images)
+        if not form.uploads:
+            # part names come from the client: any text (or none at all), so shown bounded
+            sent = sorted({repr(name)[:40] for name in form.names})
+            fields = ", ".join(sent[:10]) + (", ..." if len(sent) > 10 else "") or "none"
+            raise BadRequest(f"multipart body has no file in field '{IMAGE_FIELD}' (fields sent: {fields})")
+        names = [f'image[{i}] "{filename or "unnamed"}"' for i, (filename, _) in enumerate(form.uploads)]
+        uploads = ImageUploads([content for _, content in form.uploads], names, form.fields)
+    elif mimetype.startswith("image/"):
+        uploads = ImageUploads([request.body()], [f"request body ({mimetype})"], {})
+    else:
+        raise UnsupportedMediaType(
+            f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
+            f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"
+        )
+    if len(uploads.images) > limits.max_batch:
+        raise PayloadTooLarge(f"{len(uploads.images)} images in one request; max_batch is {limits.max_batch}")
+    return uploads
+
+
+LABELS_BESIDE_MODEL = "labels.txt"
+
+
+def labels_file(setting: Path | str | None, model: Path) -> Path | None:
+    """The labels file `[task] labels` names: "auto" = labels.txt beside the model, if there is one."""
+    if setting != "auto":
+        return Path(setting) if setting is not None else None
+    beside = model.parent / LABELS_BESIDE_MODEL
+    return beside if beside.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -36,81 +89,69 @@ class ImageRequest:
     """As asked (or the default), before clamping to the model's number of classes."""
 
 
-class ImageClassification(Task[ImageRequest, TaskSettings]):
+class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSettings]):
     """ImageNet-style classifiers: one image tensor in, class scores out."""
 
     name = "image-classification"
+    settings_model = ImageClassificationSettings
     routes = ("/predict", "/v2/models/<model>/classify")
     content_types = ("multipart/form-data", "image/*")
 
-    def __init__(self, settings: Settings, options: TaskSettings) -> None:
-        super().__init__(settings, options)
-        self.pipeline = ImagePipeline(settings.model.preprocess, settings.limits)
-        labels_file = settings.model.labels
-        self.labels = load_labels(labels_file) if labels_file is not None else None
-        """Class names in output-index order ([model] labels), read once, in the master."""
+    def __init__(self, settings: ImageClassificationSettings, served: ServedModel) -> None:
+        super().__init__(settings, served)
+        self.pipeline = ImagePipeline(settings.preprocess, served.limits)
+        self.labels_file = labels_file(settings.labels, served.path)
+        self.labels = load_labels(self.labels_file) if self.labels_file is not None else None
+        """Class names in output-index order ([task] labels), read once, in the master."""
+        self.input_name = ""
+        self.output_name = ""
 
     def fingerprint(self) -> str:
         return "\n".join(self.labels) if self.labels is not None else ""
 
-    def check(self, model: ModelInfo) -> None:
+    def bind(self, model: ModelInfo) -> None:
         spec = self._input(model)
         if len(spec.shape) != 4:
             raise TaskConfigError(
                 f"task {self.name}: input '{spec.name}' has shape {list(spec.shape)}; an image input is "
-                "4-dimensional (batch, and channels/height/width in [model.preprocess] layout)"
+                "4-dimensional (batch, and channels/height/width in [task.preprocess] layout)"
             )
+        output = self._output(model)
+        classes = output.shape[1] if len(output.shape) >= 2 else -1
+        if self.labels is not None and classes > 0 and len(self.labels) != classes:
+            raise TaskConfigError(
+                f"labels file {self.labels_file} has {len(self.labels)} labels but output "
+                f"'{output.name}' has {classes} classes"
+            )
+        self.input_name, self.output_name = spec.name, output.name
 
     def _input(self, model: ModelInfo) -> TensorSpec:
-        name = self.settings.model.input_name
-        spec = model.input(name) if name else model.inputs[0]
-        assert spec is not None  # preflight checked [model] input_name
-        return spec
+        return _named(model.inputs, self.settings.input_name, "input")
 
-    def _output(self, model: ModelInfo) -> str:
-        return self.settings.model.output_name or model.outputs[0].name
+    def _output(self, model: ModelInfo) -> TensorSpec:
+        return _named(model.outputs, self.settings.output_name, "output")
 
     def read(self, request: RequestParts) -> ImageRequest:
-        limits = self.settings.limits
-        images, names, fields = self._uploads(request, limits.max_images)
-        if len(images) > limits.max_batch:
-            raise PayloadTooLarge(f"{len(images)} images in one request; max_batch is {limits.max_batch}")
-        return ImageRequest(images, names, _requested_top_k(request, self.settings.model.top_k, fields))
-
-    def _uploads(self, request: RequestParts, max_uploads: int) -> tuple[list[bytes], list[str], dict[str, str]]:
-        """The request's images, a name for each (used in error messages), and its form fields."""
-        mimetype = request.mimetype
-        if mimetype == "multipart/form-data":
-            form = parse_form(request.body(), request.content_type, IMAGE_FIELD, max_uploads)
-            if not form.uploads:
-                # part names come from the client: any text (or none at all), so shown bounded
-                sent = sorted({repr(name)[:40] for name in form.names})
-                fields = ", ".join(sent[:10]) + (", ..." if len(sent) > 10 else "") or "none"
-                raise BadRequest(f"multipart body has no file in field '{IMAGE_FIELD}' (fields sent: {fields})")
-            names = [f'image[{i}] "{filename or "unnamed"}"' for i, (filename, _) in enumerate(form.uploads)]
-            return [content for _, content in form.uploads], names, form.fields
-        if mimetype.startswith("image/"):
-            return [request.body()], [f"request body ({mimetype})"], {}
-        raise UnsupportedMediaType(
-            f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
-            f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"
+        uploads = read_images(request, self.served.limits)
+        return ImageRequest(
+            uploads.images, uploads.names, _requested_top_k(request, self.settings.top_k, uploads.fields)
         )
 
     def canonical(self, inputs: ImageRequest) -> Sequence[BytesLike]:
         # The images' bytes in order (not the multipart framing or file names) and top_k.
         return [b"top_k=%d" % inputs.top_k, *inputs.images]
 
-    def feeds(self, inputs: ImageRequest, model: ModelInfo) -> Feeds:
-        return {self._input(model).name: self.pipeline.preprocess_batch(inputs.images, inputs.names)}
+    def feeds(self, inputs: ImageRequest) -> Feeds:
+        return {self.input_name: self.pipeline.preprocess_batch(inputs.images, inputs.names)}
 
-    def output_names(self, model: ModelInfo) -> Sequence[str]:
-        return [self._output(model)]
+    def output_names(self) -> Sequence[str]:
+        return [self.output_name]
 
-    def reply(self, inputs: ImageRequest, outputs: Outputs) -> dict[str, Any]:
-        result = np.asarray(next(iter(outputs.values())))
-        k = min(inputs.top_k, int(result.shape[-1]) if result.ndim else 1)
-        predictions = top_k(scores(result, self.settings.model.postprocess), k, self.labels)
-        return {"model": self.settings.model.name, "predictions": predictions}
+    def reply(self, inputs: ImageRequest, result: Outputs) -> dict[str, Any]:
+        output = np.asarray(result[self.output_name])
+        k = min(inputs.top_k, int(output.shape[-1]) if output.ndim else 1)
+        predictions = top_k(scores(output, self.settings.postprocess), k, self.labels)
+        return {"model": self.served.name, "predictions": predictions}
 
     def openapi(self, route: str) -> dict[str, Any]:
         binary = {"type": "string", "format": "binary"}
@@ -130,8 +171,9 @@ class ImageClassification(Task[ImageRequest, TaskSettings]):
                     "name": "top_k",
                     "in": "query",
                     "required": False,
-                    "description": "Labels per image (default: [model] top_k).",
+                    "description": "Labels per image (default: [task] top_k).",
                     "schema": {"type": "integer", "minimum": 1},
+                    "example": 3,
                 }
             ],
             "requestBody": {
@@ -142,11 +184,17 @@ class ImageClassification(Task[ImageRequest, TaskSettings]):
                             "type": "object",
                             "required": [IMAGE_FIELD],
                             "properties": {
-                                IMAGE_FIELD: {"type": "array", "items": binary},
+                                IMAGE_FIELD: {
+                                    "type": "array",
+                                    "items": binary,
+                                    "description": "One or more image files (JPEG, PNG, WebP, BMP, GIF, TIFF), "
+                                    "run as one batch.",
+                                },
                                 "top_k": {
                                     "type": "integer",
                                     "minimum": 1,
                                     "description": "Same as the query parameter.",
+                                    "example": 3,
                                 },
                             },
                         }
@@ -176,6 +224,15 @@ class ImageClassification(Task[ImageRequest, TaskSettings]):
                 }
             },
         }
+
+
+def _named(specs: tuple[TensorSpec, ...], name: str, kind: str) -> TensorSpec:
+    """The tensor `[task] {kind}_name` names ("" = the first); TaskConfigError naming the model's own."""
+    spec = next((t for t in specs if t.name == name), None) if name else specs[0]
+    if spec is None:
+        known = ", ".join(t.name for t in specs)
+        raise TaskConfigError(f"task.{kind}_name = {name!r} is not an {kind} of the model; {kind}s: {known}")
+    return spec
 
 
 def _requested_top_k(request: RequestParts, default: int, fields: dict[str, str]) -> int:

@@ -9,7 +9,7 @@ The reply is `{"predictions": [...]}`, one per instance: for a classifier
 Where the feature names come from, in order: `[task] features`; else the model's inputs,
 when it has one input per feature (skl2onnx with one `initial_types` entry per column);
 else the model's single 2-D input takes them positionally and objects cannot be used.
-Class names: `[task] classes`, else `[model] labels`, else the class indices as text.
+Class names: `[task] classes`, else the file `[task] labels`, else the class indices as text.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
-from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, ServedModel, Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.classes import load_labels
 from onnxpool.tasks.errors import BadRequest
-from onnxpool.tasks.image.postprocess import load_labels
 from onnxpool.tasks.json_body import json_operation, read_json
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
@@ -40,7 +40,9 @@ class TabularSettings(TaskSettings):
     features: tuple[str, ...] = ()
     """Feature names in the model's column order (empty: the model's per-feature input names)."""
     classes: tuple[str, ...] = ()
-    """Class names in output-index order (empty: `[model] labels`, else the indices)."""
+    """Class names in output-index order (empty: the file `labels`, else the indices)."""
+    labels: Path | None = None
+    """UTF-8 file with one class name per line, in output-index order ("" = none), when `classes` is empty."""
     kind: Literal["auto", "classifier", "regressor"] = "auto"
     """`auto`: a classifier when the model has an integer label output and a probability output."""
     label_output: str = ""
@@ -61,6 +63,11 @@ class TabularSettings(TaskSettings):
         if any(not name for name in value):
             raise ValueError("names must not be empty")
         return value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class _Layout:
     """classifier: (label, probabilities); regressor: (value,)."""
 
 
-class Tabular(Task[Instances, TabularSettings]):
+class Tabular(Task[Instances, Outputs, TabularSettings]):
     """Rows of named numeric features in, class labels and probabilities (or values) out."""
 
     name = "tabular"
@@ -92,13 +99,12 @@ class Tabular(Task[Instances, TabularSettings]):
     routes = ("/v1/models/<model>:predict", "/predict")
     content_types = ("application/json",)
 
-    def __init__(self, settings: Settings, options: TabularSettings) -> None:
-        super().__init__(settings, options)
-        labels_file = settings.model.labels
-        if options.classes:
-            self.classes: tuple[str, ...] | None = options.classes
+    def __init__(self, settings: TabularSettings, served: ServedModel) -> None:
+        super().__init__(settings, served)
+        if settings.classes:
+            self.classes: tuple[str, ...] | None = settings.classes
         else:
-            self.classes = tuple(load_labels(labels_file)) if labels_file is not None else None
+            self.classes = tuple(load_labels(settings.labels)) if settings.labels is not None else None
         self._layout: _Layout | None = None
         self._index: dict[str, int] = {}
 
@@ -107,18 +113,20 @@ class Tabular(Task[Instances, TabularSettings]):
 
     # ---------------------------------------------------------------- the model, once
 
-    def check(self, model: ModelInfo) -> None:
-        self.layout(model)
+    def bind(self, model: ModelInfo) -> None:
+        """Work out (and check: TaskConfigError with one line) how the model takes features and gives results."""
+        self._layout = self._plan(model)
+        self._index = {name: i for i, name in enumerate(self._layout.features) if name}
 
-    def layout(self, model: ModelInfo) -> _Layout:
-        """The model's layout (checked: TaskConfigError with one line); kept after the first call."""
+    @property
+    def layout(self) -> _Layout:
+        """The bound model's layout."""
         if self._layout is None:
-            self._layout = self._plan(model)
-            self._index = {name: i for i, name in enumerate(self._layout.features) if name}
+            raise RuntimeError("the tabular task is not bound to a model")
         return self._layout
 
     def _plan(self, model: ModelInfo) -> _Layout:
-        named = self.options.features
+        named = self.settings.features
         inputs = model.inputs
         if len(inputs) > 1:
             if not all(_is_column(spec) for spec in inputs):
@@ -163,7 +171,7 @@ class Tabular(Task[Instances, TabularSettings]):
         return _Layout(features, per_feature, dtype, kind, outputs)
 
     def _plan_outputs(self, model: ModelInfo) -> tuple[Literal["classifier", "regressor"], tuple[str, ...]]:
-        options = self.options
+        options = self.settings
 
         def named(name: str, what: str) -> TensorSpec:
             spec = model.output(name)
@@ -203,7 +211,7 @@ class Tabular(Task[Instances, TabularSettings]):
     # ---------------------------------------------------------------- a request
 
     def read(self, request: RequestParts) -> Instances:
-        document = read_json(request, self.settings.limits.max_json_depth, '{"instances": [...]}')
+        document = read_json(request, self.served.limits.max_json_depth, '{"instances": [...]}')
         if not isinstance(document, dict) or "instances" not in document:
             raise BadRequest('the body must be a JSON object with "instances": a list of rows')
         extra = sorted(set(document) - {"instances", "parameters"})
@@ -212,10 +220,10 @@ class Tabular(Task[Instances, TabularSettings]):
         instances = document["instances"]
         if not isinstance(instances, list) or not instances:
             raise BadRequest('"instances" must be a non-empty list of rows')
-        limit = self.settings.limits.max_batch
+        limit = self.served.limits.max_batch
         if len(instances) > limit:
             raise BadRequest(f"{len(instances)} instances in one request; max_batch is {limit}")
-        layout = self._require_layout()
+        layout = self.layout
         width = len(layout.features)
         rows = np.empty((len(instances), width), dtype=np.float64)
         for i, instance in enumerate(instances):
@@ -265,35 +273,30 @@ class Tabular(Task[Instances, TabularSettings]):
         return number
 
     def _layout_name(self, j: int) -> str:
-        name = self._require_layout().features[j]
+        name = self.layout.features[j]
         return name or f"column {j}"
 
     def _feature_list(self) -> str:
-        layout = self._require_layout()
-        return ", ".join(name or f"column {j}" for j, name in enumerate(layout.features))
-
-    def _require_layout(self) -> _Layout:
-        if self._layout is None:  # an app built without the master's check (in-process); the backend knows
-            raise RuntimeError("the tabular task was not checked against its model")
-        return self._layout
+        return ", ".join(name or f"column {j}" for j, name in enumerate(self.layout.features))
 
     def canonical(self, inputs: Instances) -> Sequence[BytesLike]:
         # The values as the model gets them (a list and an object with the same numbers are one request).
         rows = np.ascontiguousarray(inputs.rows)
         return [struct.pack(">II", *rows.shape) + rows.dtype.str.encode(), rows.tobytes()]
 
-    def feeds(self, inputs: Instances, model: ModelInfo) -> Feeds:
-        layout = self.layout(model)
+    def feeds(self, inputs: Instances) -> Feeds:
+        layout = self.layout
         if layout.per_feature_inputs:
             return {name: inputs.rows[:, j : j + 1] for j, name in enumerate(layout.features)}
-        return {model.inputs[0].name: inputs.rows}
+        return {self.model.inputs[0].name: inputs.rows}
 
-    def output_names(self, model: ModelInfo) -> Sequence[str]:
-        return [name for name in self.layout(model).outputs if name]
+    def output_names(self) -> Sequence[str]:
+        return [name for name in self.layout.outputs if name]
 
-    def reply(self, inputs: Instances, outputs: Outputs) -> dict[str, Any]:
-        layout = self._require_layout()
-        digits = self.options.digits
+    def reply(self, inputs: Instances, result: Outputs) -> dict[str, Any]:
+        layout = self.layout
+        outputs = result
+        digits = self.settings.digits
         if layout.kind == "regressor":
             values = np.asarray(outputs[layout.outputs[0]], dtype=np.float64)
             if digits is not None:
@@ -314,7 +317,7 @@ class Tabular(Task[Instances, TabularSettings]):
 
     def openapi(self, route: str) -> dict[str, Any]:
         layout = self._layout
-        features = [name for name in layout.features if name] if layout is not None else list(self.options.features)
+        features = [name for name in layout.features if name] if layout is not None else list(self.settings.features)
         row_as_list = {"type": "array", "items": {"type": "number"}, "description": "values in feature order"}
         row_as_object: dict[str, Any] = {
             "type": "object",
@@ -352,7 +355,18 @@ class Tabular(Task[Instances, TabularSettings]):
                 "required": ["predictions"],
                 "properties": {"predictions": {"type": "array", "items": prediction}},
             },
+            _example(layout.features if layout is not None else tuple(self.settings.features)),
         )
+
+
+def _example(features: tuple[str, ...]) -> dict[str, Any] | None:
+    """A request of two rows for /docs, one as a list and one by feature name (when all are named); values 0."""
+    if not features:
+        return None
+    rows: list[Any] = [[0.0] * len(features)]
+    if all(features):
+        rows.append(dict.fromkeys(features, 0.0))
+    return {"instances": rows}
 
 
 def _is_column(spec: TensorSpec) -> bool:

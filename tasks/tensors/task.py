@@ -32,28 +32,21 @@ class Tensors:
     arrays: dict[str, np.ndarray]
 
 
-class NamedTensors(Task[Tensors, TaskSettings]):
+class NamedTensors(Task[Tensors, Outputs, TaskSettings]):
     """Named tensors in, named tensors out."""
 
     name = "tensors"
     routes = ("/predict",)
     content_types = ("application/json",)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._model: ModelInfo | None = None
-
-    def check(self, model: ModelInfo) -> None:
+    def bind(self, model: ModelInfo) -> None:
         unserved = [t.name for t in (*model.inputs, *model.outputs) if t.dtype is None]
         if unserved:
             raise TaskConfigError(f"task tensors: tensors of types onnxpool does not serve: {', '.join(unserved)}")
-        self._model = model
 
     def read(self, request: RequestParts) -> Tensors:
-        model = self._model
-        if model is None:
-            raise RuntimeError("the tensors task was not checked against its model")
-        limits = self.settings.limits
+        model = self.model
+        limits = self.served.limits
         document = read_json(request, limits.max_json_depth, '{"inputs": {"<name>": [...]}}')
         if not isinstance(document, dict) or not isinstance(document.get("inputs"), dict):
             raise BadRequest('the body must be a JSON object with "inputs": an object of named tensors')
@@ -96,11 +89,11 @@ class NamedTensors(Task[Tensors, TaskSettings]):
             parts.append(np.ascontiguousarray(array).tobytes())
         return parts
 
-    def feeds(self, inputs: Tensors, model: ModelInfo) -> Feeds:
+    def feeds(self, inputs: Tensors) -> Feeds:
         return inputs.arrays
 
-    def reply(self, inputs: Tensors, outputs: Outputs) -> dict[str, Any]:
-        return {"model": self.settings.model.name, "outputs": {name: np.asarray(v) for name, v in outputs.items()}}
+    def reply(self, inputs: Tensors, result: Outputs) -> dict[str, Any]:
+        return {"model": self.served.name, "outputs": {name: np.asarray(v) for name, v in result.items()}}
 
     def openapi(self, route: str) -> dict[str, Any]:
         tensor = {"description": "a nested list (rank and fixed dimensions as the model's)"}

@@ -1,6 +1,7 @@
 """What the text tasks share: the tokenizer from the model folder, its threads, sub-batched runs.
 
-Process rules: the tokenizer is read in the master (reading tokenizer.json starts no thread);
+Process rules: the tokenizer is read in the master (reading tokenizer.json starts no thread) and
+bound to the model's inputs there (`bind`);
 its thread pool is sized in each worker after fork (`start_in_worker` -> `configure_threads`)
 and never exists in the master, which never encodes. A request's texts are tokenized in the
 worker, run length-sorted in sub-batches (short inputs are not padded to the longest) and
@@ -16,8 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import numpy as np
 from pydantic import Field, StrictBool, StrictInt
 
-from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import Runner, Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.api import Runner, ServedModel, Task, TaskConfigError, TaskSettings
 from onnxpool.tasks.errors import BadRequest
 from onnxpool.tasks.text.sorting import plan_sub_batches
 from onnxpool.tasks.text.tokenizing import (
@@ -50,20 +50,21 @@ class TextSettings(TaskSettings):
     memory stays bounded: attention grows with inputs x length^2. 0 = no cap."""
 
 
-OptionsT = TypeVar("OptionsT", bound=TextSettings)
+SettingsT = TypeVar("SettingsT", bound=TextSettings)
 InputsT = TypeVar("InputsT")
+ResultT = TypeVar("ResultT")
 
 
-class TextTask(Task[InputsT, OptionsT]):
+class TextTask(Task[InputsT, ResultT, SettingsT]):
     """Base of the text tasks: tokenizer, thread sizing, and the sub-batched run."""
 
-    def __init__(self, settings: Settings, options: OptionsT) -> None:
-        super().__init__(settings, options)
-        self.folder = settings.model.path.parent
+    def __init__(self, settings: SettingsT, served: ServedModel) -> None:
+        super().__init__(settings, served)
+        self.folder = served.path.parent
         if not (self.folder / TOKENIZER_FILE).is_file():
             raise TaskConfigError(f"task {self.name}: no {TOKENIZER_FILE} beside the model in {self.folder}")
         try:
-            limit = model_max_length(self.folder) if options.max_length == "auto" else options.max_length
+            limit = model_max_length(self.folder) if settings.max_length == "auto" else settings.max_length
             self.tokenizer = TextTokenizer.from_folder(self.folder, KNOWN_INPUTS, limit)
         except (OSError, ValueError) as exc:
             raise TaskConfigError(f"task {self.name}: cannot read the tokenizer in {self.folder}: {exc}") from None
@@ -72,7 +73,7 @@ class TextTask(Task[InputsT, OptionsT]):
     def fingerprint(self) -> str:
         return f"{TOKENIZER_FILE} sha256:{self._digest}, max_length {self.tokenizer.max_length}"
 
-    def check(self, model: ModelInfo) -> None:
+    def bind(self, model: ModelInfo) -> None:
         names = tuple(t.name for t in model.inputs)
         unknown = [name for name in names if name not in KNOWN_INPUTS]
         if unknown or INPUT_IDS not in names:
@@ -82,7 +83,8 @@ class TextTask(Task[InputsT, OptionsT]):
             )
         self.tokenizer.input_names = names  # feed exactly the model's inputs
 
-    def output_of(self, model: ModelInfo, name: str, shape: str) -> TensorSpec:
+    @staticmethod
+    def output_of(model: ModelInfo, name: str, shape: str) -> TensorSpec:
         """The model output `task.output` names, of the rank `shape` describes (e.g. "[batch, classes]")."""
         output = model.output(name)
         if output is None or len(output.shape) != shape.count(",") + 1:
@@ -97,8 +99,8 @@ class TextTask(Task[InputsT, OptionsT]):
         """The inputs as the model's arrays; a 400 naming the input that cannot be taken."""
         try:
             if token_ids is not None:
-                return self.tokenizer.encode_ids(token_ids, truncate=self.options.truncate)
-            return self.tokenizer.encode(texts or [], truncate=self.options.truncate)
+                return self.tokenizer.encode_ids(token_ids, truncate=self.settings.truncate)
+            return self.tokenizer.encode(texts or [], truncate=self.settings.truncate)
         except TokenizingError as exc:
             raise BadRequest(exc.message) from None
 
@@ -106,7 +108,9 @@ class TextTask(Task[InputsT, OptionsT]):
         self, encoded: EncodedBatch, runner: Runner, output: str, per_batch: Callable[[np.ndarray, EncodedBatch], Any]
     ) -> np.ndarray:
         """`per_batch(model output, sub-batch)` for each length-sorted sub-batch, rows back in input order."""
-        plan = plan_sub_batches(encoded.lengths, self.options.sub_batch or None, self.options.sub_batch_tokens or None)
+        plan = plan_sub_batches(
+            encoded.lengths, self.settings.sub_batch or None, self.settings.sub_batch_tokens or None
+        )
         results = []
         for rows in plan.batches:
             with runner.phase("decode"):

@@ -5,7 +5,7 @@ strings (a list of such lists). `raw_scores: true` returns the model's logits in
 probabilities; `truncate` overrides the `[task] truncate` setting for this request. Scores are a
 softmax over the classes, or a sigmoid each when the model's config.json says
 `problem_type = "multi_label_classification"` (or `[task] scores` says so). Class names:
-`[model] labels`, else config.json `id2label`, else the indices.
+`[task] labels` (a file), else config.json `id2label`, else the indices.
 """
 
 from __future__ import annotations
@@ -13,20 +13,19 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import field_validator
 
-from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Runner, TaskConfigError
+from onnxpool.tasks.api import BytesLike, RequestParts, Runner, ServedModel, TaskConfigError
+from onnxpool.tasks.classes import load_labels, scores
 from onnxpool.tasks.errors import BadRequest
-from onnxpool.tasks.image.postprocess import load_labels
 from onnxpool.tasks.json_body import json_operation, read_json
 from onnxpool.tasks.text.base import TextSettings, TextTask
 from onnxpool.tasks.text.tokenizing import MODEL_CONFIG
 from onnxpool.workers.model_info import ModelInfo
-
-SCORES = "scores"
 
 
 class TextClassificationSettings(TextSettings):
@@ -36,6 +35,13 @@ class TextClassificationSettings(TextSettings):
     """The model output with the class logits [N, classes]."""
     scores: Literal["auto", "softmax", "sigmoid"] = "auto"
     """auto = sigmoid for config.json's multi_label_classification, else softmax."""
+    labels: Path | None = None
+    """UTF-8 file with one class name per line, in output-index order ("" = config.json's id2label)."""
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Classify:
     truncate: bool
 
 
-class TextClassification(TextTask[Classify, TextClassificationSettings]):
+class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettings]):
     """Sequence classifiers (sentiment, topic, moderation...) with the tokenizer on the server."""
 
     name = "text-classification"
@@ -56,19 +62,18 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
     routes = ("/predict",)
     content_types = ("application/json",)
 
-    def __init__(self, settings: Settings, options: TextClassificationSettings) -> None:
-        super().__init__(settings, options)
+    def __init__(self, settings: TextClassificationSettings, served: ServedModel) -> None:
+        super().__init__(settings, served)
         config = self._model_config()
-        labels_file = settings.model.labels
         id2label = config.get("id2label")
-        if labels_file is not None:
-            self.labels: list[str] | None = load_labels(labels_file)
+        if settings.labels is not None:
+            self.labels: list[str] | None = load_labels(settings.labels)
         elif isinstance(id2label, dict):
             self.labels = [str(id2label[key]) for key in sorted(id2label, key=lambda k: int(k))]
         else:
             self.labels = None
         multi = config.get("problem_type") == "multi_label_classification"
-        self.sigmoid = options.scores == "sigmoid" or (options.scores == "auto" and multi)
+        self.sigmoid = settings.scores == "sigmoid" or (settings.scores == "auto" and multi)
 
     def _model_config(self) -> dict[str, Any]:
         path = self.folder / MODEL_CONFIG
@@ -83,16 +88,16 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
     def fingerprint(self) -> str:
         return f"{super().fingerprint()}, labels {self.labels}, sigmoid {self.sigmoid}"
 
-    def check(self, model: ModelInfo) -> None:
-        super().check(model)
-        classes = self.output_of(model, self.options.output, "logits [batch, classes]").shape[1]
+    def bind(self, model: ModelInfo) -> None:
+        super().bind(model)
+        classes = self.output_of(model, self.settings.output, "logits [batch, classes]").shape[1]
         if self.labels is not None and classes > 0 and classes != len(self.labels):
             raise TaskConfigError(
                 f"task text-classification: {len(self.labels)} labels but the model has {classes} classes"
             )
 
     def read(self, request: RequestParts) -> Classify:
-        document = read_json(request, self.settings.limits.max_json_depth, '{"inputs": "text" or ["text", ...]}')
+        document = read_json(request, self.served.limits.max_json_depth, '{"inputs": "text" or ["text", ...]}')
         if not isinstance(document, dict) or "inputs" not in document:
             raise BadRequest('the body must be a JSON object with "inputs": a string or a list of strings')
         unknown = sorted(set(document) - {"inputs", "raw_scores", "truncate", "truncation_direction"})
@@ -107,11 +112,11 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
             if not isinstance(text, str):
                 kind = "a list (text pairs are not supported)" if isinstance(text, list) else type(text).__name__
                 raise BadRequest(f"inputs[{index}] must be a string, got {kind}")
-        if len(texts) > self.options.max_batch:
-            raise BadRequest(f"{len(texts)} inputs in one request; max_batch is {self.options.max_batch}")
+        if len(texts) > self.settings.max_batch:
+            raise BadRequest(f"{len(texts)} inputs in one request; max_batch is {self.settings.max_batch}")
         flags = {}
         for key in ("raw_scores", "truncate"):
-            value = document.get(key, self.options.truncate if key == "truncate" else False)
+            value = document.get(key, self.settings.truncate if key == "truncate" else False)
             if not isinstance(value, bool):
                 raise BadRequest(f'"{key}" must be true or false')
             flags[key] = value
@@ -122,35 +127,28 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
         return [head, *(text.encode("utf-8", "surrogatepass") for text in inputs.texts)]
 
     def _encode(self, inputs: Classify) -> Any:
-        if inputs.truncate == self.options.truncate:
+        if inputs.truncate == self.settings.truncate:
             return self.encode(inputs.texts, None)
         try:
             return self.tokenizer.encode(inputs.texts, truncate=inputs.truncate)
         except ValueError as exc:  # TokenizingError
             raise BadRequest(str(exc)) from None
 
-    def feeds(self, inputs: Classify, model: ModelInfo) -> Feeds:
-        feeds: Feeds = self._encode(inputs).feeds()
-        return feeds
-
-    def run(self, inputs: Classify, model: ModelInfo, runner: Runner) -> Outputs:
+    def run(self, inputs: Classify, runner: Runner) -> np.ndarray:
+        """The logits [N, classes], float32, in input order."""
         with runner.phase("decode"):
             encoded = self._encode(inputs)
-        logits = self.run_sub_batches(encoded, runner, self.options.output, lambda out, _: out.astype(np.float32))
-        return {SCORES: logits}
+        return self.run_sub_batches(encoded, runner, self.settings.output, lambda out, _: out.astype(np.float32))
 
-    def reply(self, inputs: Classify, outputs: Outputs) -> Any:
-        logits = np.asarray(outputs[SCORES], dtype=np.float64)
+    def reply(self, inputs: Classify, result: np.ndarray) -> Any:
+        logits = np.asarray(result, dtype=np.float64)
         if inputs.raw_scores:
-            scores = logits
-        elif self.sigmoid:
-            scores = 1.0 / (1.0 + np.exp(-logits))
+            values = logits
         else:
-            shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-            scores = shifted / shifted.sum(axis=1, keepdims=True)
-        names = self.labels or [str(i) for i in range(scores.shape[1])]
+            values = scores(logits, "sigmoid" if self.sigmoid else "softmax")
+        names = self.labels or [str(i) for i in range(values.shape[1])]
         rows = []
-        for row in scores:
+        for row in values:
             order = np.argsort(-row, kind="stable")
             rows.append([{"score": float(row[i]), "label": names[i]} for i in order])
         return rows[0] if inputs.single else rows
@@ -177,4 +175,5 @@ class TextClassification(TextTask[Classify, TextClassificationSettings]):
             },
             "Labels and scores, best first: one list for a string, a list of lists for a list",
             {"anyOf": [one, {"type": "array", "items": one}]},
+            {"inputs": ["I love this phone.", "The battery died after an hour."]},
         )

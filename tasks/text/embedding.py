@@ -11,12 +11,12 @@ AuthenticationError...). The response cache keys on the normalised request (key 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from onnxpool.config.settings import Settings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Runner
+from onnxpool.tasks.api import BytesLike, RequestParts, Runner, ServedModel
 from onnxpool.tasks.errors import BadRequest, OnnxpoolError
 from onnxpool.tasks.text.base import TextTask
 from onnxpool.tasks.text.openai_schema import (
@@ -33,7 +33,6 @@ from onnxpool.tasks.text.pooling import DimensionsError, PoolingMode, PoolingSpe
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 EMBEDDING = "embedding"
-TOKENS = "tokens"
 TEXT_INPUT = "text"
 # OpenAI's error `type` by status: what its clients branch on.
 ERROR_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
@@ -48,7 +47,15 @@ class OpenAIRequestError(BadRequest):
         self.code = code
 
 
-class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
+@dataclass(frozen=True)
+class Embeddings:
+    """One request's result: its vectors in input order and the tokens it took (OpenAI's `usage`)."""
+
+    vectors: np.ndarray
+    token_count: int
+
+
+class TextEmbedding(TextTask[EmbeddingsRequest, Embeddings, TextEmbeddingOptions]):
     """Sentence embeddings of a transformer encoder (sentence-transformers layout)."""
 
     name = "text-embedding"
@@ -56,28 +63,28 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
     routes = ("/v1/embeddings",)
     content_types = ("application/json",)
 
-    def __init__(self, settings: Settings, options: TextEmbeddingOptions) -> None:
-        super().__init__(settings, options)
+    def __init__(self, settings: TextEmbeddingOptions, served: ServedModel) -> None:
+        super().__init__(settings, served)
         self.spec = PoolingSpec.from_folder(self.folder).with_overrides(
-            mode=None if options.pooling == "auto" else PoolingMode(options.pooling),
-            normalize=None if options.normalize == "auto" else bool(options.normalize),
-            allow_dimensions=options.dimensions,
+            mode=None if settings.pooling == "auto" else PoolingMode(settings.pooling),
+            normalize=None if settings.normalize == "auto" else bool(settings.normalize),
+            allow_dimensions=settings.dimensions,
         )
         self.width = -1
 
     def fingerprint(self) -> str:
         return f"{super().fingerprint()}, {self.spec}"
 
-    def check(self, model: ModelInfo) -> None:
-        super().check(model)
-        self.width = self.output_of(model, self.options.output, "token-embedding [batch, tokens, width]").shape[2]
+    def bind(self, model: ModelInfo) -> None:
+        super().bind(model)
+        self.width = self.output_of(model, self.settings.output, "token-embedding [batch, tokens, width]").shape[2]
 
     def read(self, request: RequestParts) -> EmbeddingsRequest:
         try:
-            asked = parse_request(request.body(), max_batch=self.options.max_batch)
+            asked = parse_request(request.body(), max_batch=self.settings.max_batch)
         except RequestError as exc:
             raise OpenAIRequestError(exc.message, exc.param, exc.code) from None
-        served = self.settings.model.name
+        served = self.served.name
         if asked.model != served:
             raise OpenAIRequestError(
                 f"the model '{asked.model}' does not exist here; this server serves '{served}'",
@@ -97,11 +104,7 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
     def canonical(self, inputs: EmbeddingsRequest) -> Sequence[BytesLike]:
         return [canonical_key(inputs)]
 
-    def feeds(self, inputs: EmbeddingsRequest, model: ModelInfo) -> Feeds:
-        encoded = self.encode(None if inputs.pretokenized else inputs.texts, inputs.token_ids or None)
-        return encoded.feeds()
-
-    def run(self, inputs: EmbeddingsRequest, model: ModelInfo, runner: Runner) -> Outputs:
+    def run(self, inputs: EmbeddingsRequest, runner: Runner) -> Embeddings:
         with runner.phase("decode"):
             encoded = self.encode(None if inputs.pretokenized else inputs.texts, inputs.token_ids or None)
 
@@ -111,14 +114,14 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
             except DimensionsError as exc:
                 raise OpenAIRequestError(str(exc), param="dimensions") from None
 
-        vectors = self.run_sub_batches(encoded, runner, self.options.output, pooled)
-        return {EMBEDDING: vectors, TOKENS: np.asarray(encoded.token_count)}
+        vectors = self.run_sub_batches(encoded, runner, self.settings.output, pooled)
+        return Embeddings(vectors, int(encoded.token_count))
 
-    def reply(self, inputs: EmbeddingsRequest, outputs: Outputs) -> dict[str, Any]:
+    def reply(self, inputs: EmbeddingsRequest, result: Embeddings) -> dict[str, Any]:
         return response_document(
-            np.asarray(outputs[EMBEDDING]),
-            model=self.settings.model.name,
-            prompt_tokens=int(outputs[TOKENS]),
+            result.vectors,
+            model=self.served.name,
+            prompt_tokens=result.token_count,
             encoding_format=inputs.encoding_format,
         )
 
@@ -132,7 +135,7 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
 
     # -------------------------------------------------------------- v2 infer: strings in, vectors out
 
-    def tensor_signature(self, model: ModelInfo) -> ModelInfo:
+    def tensor_signature(self) -> ModelInfo:
         return ModelInfo(
             inputs=(TensorSpec(TEXT_INPUT, "tensor(string)", (-1,)),),
             outputs=(TensorSpec(EMBEDDING, "tensor(float)", (-1, self.width)),),
@@ -147,12 +150,12 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
                 raise BadRequest(
                     f"input '{TEXT_INPUT}' element {index} is not valid UTF-8 (byte {exc.start})"
                 ) from None
-        if len(texts) > self.options.max_batch:
-            raise BadRequest(f"{len(texts)} texts in one request; max_batch is {self.options.max_batch}")
-        return EmbeddingsRequest(input=texts, model=self.settings.model.name, encoding_format=EncodingFormat.FLOAT)
+        if len(texts) > self.settings.max_batch:
+            raise BadRequest(f"{len(texts)} texts in one request; max_batch is {self.settings.max_batch}")
+        return EmbeddingsRequest(input=texts, model=self.served.name, encoding_format=EncodingFormat.FLOAT)
 
-    def to_tensors(self, inputs: EmbeddingsRequest, outputs: Outputs) -> dict[str, np.ndarray]:
-        return {EMBEDDING: np.asarray(outputs[EMBEDDING], dtype=np.float32)}
+    def to_tensors(self, inputs: EmbeddingsRequest, result: Embeddings) -> dict[str, np.ndarray]:
+        return {EMBEDDING: np.asarray(result.vectors, dtype=np.float32)}
 
     def openapi(self, route: str) -> dict[str, Any]:
         text_list = {"type": "array", "items": {"type": "string"}}
@@ -175,7 +178,11 @@ class TextEmbedding(TextTask[EmbeddingsRequest, TextEmbeddingOptions]):
                                 "dimensions": {"type": "integer", "minimum": 1},
                                 "user": {"type": "string"},
                             },
-                        }
+                        },
+                        "example": {
+                            "model": self.served.name,
+                            "input": ["The cat sat.", "A feline was sitting."],
+                        },
                     }
                 },
             },

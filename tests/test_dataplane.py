@@ -1,7 +1,8 @@
-"""The task routes' front door (server.front) in process: which requests it answers without Flask,
-that its replies are the ones Flask would send, and that the gates run once per request. Real app,
-real LMDB store; only the model is a stub (fixed logits), since what is tested is the HTTP layer's
-routing of hits. Gates on live servers: test_security.py (API key) and test_admission.py (shedding)."""
+"""The data plane (server.dataplane) in process: every request that runs the model takes its one path
+(gates, read, look-up, run, reply, store) without Flask, hit or miss; what it leaves to Flask; a hit
+is the computed reply byte for byte; the gates run once per request; errors in the task's shape.
+Real app, real LMDB store; only the model is a stub (fixed logits), since what is tested is the HTTP
+layer. Gates on live servers: test_security.py (API key) and test_admission.py (shedding)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flask import Flask
 
 from onnxpool.cache.policy import prepare
 from onnxpool.config.loader import load_settings
-from onnxpool.server import front, gates
+from onnxpool.server import gates
 from onnxpool.server.app import CachePlan, create_app, open_in_worker
 from onnxpool.server.request_state import RequestState
 from onnxpool.tasks.errors import OnnxpoolError
@@ -108,22 +109,21 @@ def multipart(image: bytes, top_k: str | None = None) -> tuple[bytes, str]:
     return body, f"multipart/form-data; boundary={BOUNDARY}"
 
 
-def test_hits_skip_flask_and_match_the_computed_reply(app: tuple[Flask, list[str]]) -> None:
+def test_hits_and_misses_skip_flask_and_a_hit_is_the_computed_reply(app: tuple[Flask, list[str]]) -> None:
     flask_app, dispatched = app
     body, ctype = multipart(CAT)
     computed = call(flask_app, "/predict", body, ctype)
-    assert (computed.status, computed.header("X-Cache"), len(dispatched)) == (200, "MISS", 1)
+    assert (computed.status, computed.header("X-Cache"), len(dispatched)) == (200, "MISS", 0)
     stats = flask_app.extensions["onnxpool"].cache.cache.stats
-    assert (stats.misses, stats.lookups) == (1, 1)  # looked up before Flask, not again in the route
+    assert (stats.misses, stats.lookups) == (1, 1)
 
     hit = call(flask_app, "/predict", body, ctype)
-    assert (hit.status, hit.header("X-Cache"), len(dispatched)) == (200, "HIT", 1)  # Flask never saw it
+    assert (hit.status, hit.header("X-Cache"), len(dispatched)) == (200, "HIT", 0)
     assert hit.body == computed.body
     assert [h for h in hit.headers if h[0] not in PER_REQUEST] == [
         h for h in computed.headers if h[0] not in PER_REQUEST
     ]
     assert [name for name, _ in hit.headers] == [name for name, _ in computed.headers]
-    # metric labels as Flask gives them: a task route serves the model, replayed or computed
     assert (hit.labels, computed.labels) == ((MODEL, "/predict"), (MODEL, "/predict"))
     timing = [value for name, value in hit.headers if name == "Server-Timing"]
     assert timing[0].startswith("cache;dur=") and timing[0].endswith(";desc=hit")
@@ -131,77 +131,80 @@ def test_hits_skip_flask_and_match_the_computed_reply(app: tuple[Flask, list[str
 
     # the same images and top_k by the other URL, as a raw body: the same key, a hit too
     raw = call(flask_app, f"/v2/models/{MODEL}/classify", CAT, "image/jpeg")
-    assert (raw.header("X-Cache"), raw.body, len(dispatched)) == ("HIT", computed.body, 1)
+    assert (raw.header("X-Cache"), raw.body, len(dispatched)) == ("HIT", computed.body, 0)
     assert raw.labels == (MODEL, "/v2/models/<model>/classify")
     assert (stats.hits, stats.misses, stats.lookups) == (2, 1, 3)
 
 
 @pytest.mark.parametrize(
-    ("path", "method", "headers", "status"),
+    ("path", "method", "headers", "status", "flask"),
     [
-        ("/predict", "POST", {"CACHE_CONTROL": "no-cache"}, 200),  # computed again (and stored)
-        ("/predict", "POST", {"CACHE_CONTROL": "no-store"}, 200),
-        ("/predict/", "POST", {}, 404),  # only the exact paths
-        ("/predict", "PUT", {}, 405),
-        (f"/v2/models/{MODEL}x/classify", "POST", {}, 404),
-        ("/predict?top_k=0", "POST", {}, 400),  # the route's checks, by the route's own reader
-        ("/predict?top_k=2", "POST", {}, 200),  # another key: computed
+        ("/predict", "POST", {"CACHE_CONTROL": "no-cache"}, 200, False),  # computed again (and stored)
+        ("/predict", "POST", {"CACHE_CONTROL": "no-store"}, 200, False),
+        ("/predict?top_k=0", "POST", {}, 400, False),  # the task's own checks
+        ("/predict?top_k=2", "POST", {}, 200, False),  # another key: computed
+        ("/predict/", "POST", {}, 404, True),  # only the exact paths
+        ("/predict", "PUT", {}, 405, True),
+        (f"/v2/models/{MODEL}x/classify", "POST", {}, 404, True),  # another model: Flask's 404
+        (f"/v2/models/{MODEL}x/infer", "POST", {}, 404, True),
     ],
 )
-def test_everything_but_a_hit_goes_to_flask(
-    app: tuple[Flask, list[str]], path: str, method: str, headers: dict[str, str], status: int
+def test_what_runs_the_model_never_reaches_flask(
+    app: tuple[Flask, list[str]], path: str, method: str, headers: dict[str, str], status: int, flask: bool
 ) -> None:
     flask_app, dispatched = app
     body, ctype = multipart(CAT)
     assert call(flask_app, "/predict", body, ctype).status == 200  # stored
     reply = call(flask_app, path, body, ctype, method, **headers)
     assert reply.status == status, reply.body[:200]
-    assert len(dispatched) == 2 and reply.header("X-Cache") in (None, "MISS")
+    assert len(dispatched) == (1 if flask else 0) and reply.header("X-Cache") in (None, "MISS")
     if status >= 400:
         assert b'"error"' in reply.body
 
 
-def test_a_refused_read_is_refused_by_flask_with_its_error(app: tuple[Flask, list[str]]) -> None:
+def test_a_refused_read_is_rendered_with_its_error(app: tuple[Flask, list[str]]) -> None:
     flask_app, dispatched = app
     body, ctype = multipart(CAT, top_k="many")
     reply = call(flask_app, "/predict", body, ctype)
     assert reply.status == 400 and b"top_k must be a positive integer" in reply.body
-    assert len(dispatched) == 1
     broken = call(flask_app, "/predict", body[:-20], ctype)  # the multipart end is cut off
     assert broken.status == 400 and b"malformed multipart" in broken.body
+    assert len(dispatched) == 0 and reply.header("Content-Type") == "application/json"
 
 
-def test_a_body_without_length_is_left_to_flask_which_serves_the_hit(app: tuple[Flask, list[str]]) -> None:
+def test_a_body_without_length_is_read_to_its_end_and_answered_from_the_cache(app: tuple[Flask, list[str]]) -> None:
     flask_app, dispatched = app
     body, ctype = multipart(CAT)
     computed = call(flask_app, "/predict", body, ctype)
     chunked = call(flask_app, "/predict", body, ctype, TRANSFER_ENCODING="chunked")
-    assert (chunked.status, chunked.header("X-Cache"), len(dispatched)) == (200, "HIT", 2)
+    assert (chunked.status, chunked.header("X-Cache"), len(dispatched)) == (200, "HIT", 0)
     assert chunked.body == computed.body
 
 
-def test_a_bug_in_the_front_door_is_logged_and_the_request_still_served(
+def test_a_bug_in_a_task_is_a_logged_500_and_the_next_request_is_served(
     app: tuple[Flask, list[str]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    flask_app, dispatched = app
-    body, ctype = multipart(CAT)
-    computed = call(flask_app, "/predict", body, ctype)
+    flask_app, _ = app
+    task = flask_app.extensions["onnxpool"].task
 
     def broken(*_: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(front, "read_inputs", broken)  # the front door's binding only
-    with caplog.at_level(logging.ERROR, logger="onnxpool.cache"):
+    body, ctype = multipart(CAT)
+    with monkeypatch.context() as patch, caplog.at_level(logging.ERROR, logger="onnxpool.server"):
+        patch.setattr(task, "reply", broken)
         reply = call(flask_app, "/predict", body, ctype)
-    assert (reply.status, reply.header("X-Cache"), reply.body, len(dispatched)) == (200, "HIT", computed.body, 2)
-    assert "front door failed on /predict" in caplog.text and "RuntimeError: a bug" in caplog.text
+    assert (reply.status, reply.body) == (500, b'{"error":"internal server error"}')
+    assert "unhandled error on POST /predict" in caplog.text and "RuntimeError: a bug" in caplog.text
+    again = call(flask_app, "/predict", body, ctype)
+    assert (again.status, again.header("X-Cache")) == (200, "MISS")  # nothing of the failure was stored
 
 
 @pytest.mark.parametrize(
     ("headers", "query", "x_cache"),
     [
-        ({}, "", "MISS"),  # looked up before Flask, computed by the route: judged once
-        ({}, "", "HIT"),  # answered before Flask
+        ({}, "", "MISS"),
+        ({}, "", "HIT"),
         ({"CACHE_CONTROL": "no-store"}, "", "MISS"),  # not stored, not read
         ({}, "?top_k=0", None),  # refused by the task's reader after the gates
     ],
@@ -220,7 +223,7 @@ def test_the_gates_run_once_per_request(
     assert runs == ["/predict"]
 
 
-def test_a_gate_refusal_before_flask_is_rendered_once_by_flask(app: tuple[Flask, list[str]]) -> None:
+def test_a_gate_refusal_is_rendered_once_in_the_tasks_shape(app: tuple[Flask, list[str]]) -> None:
     flask_app, dispatched = app
     runs: list[str] = []
 
@@ -232,4 +235,4 @@ def test_a_gate_refusal_before_flask_is_rendered_once_by_flask(app: tuple[Flask,
     body, ctype = multipart(CAT)
     reply = call(flask_app, "/predict", body, ctype)
     assert (reply.status, reply.body, reply.header("Retry-After")) == (400, b'{"error":"go away"}', "1")
-    assert runs == ["refused"] and len(dispatched) == 0  # Flask raised the kept refusal, ran no hook after it
+    assert runs == ["refused"] and len(dispatched) == 0

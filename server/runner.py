@@ -1,0 +1,40 @@
+"""The one object between a request and the worker's session: `onnxpool.tasks.api.Runner`.
+
+Made per request by the data plane over the worker's runtime (`InferenceBackend`, the
+`workers.session.SessionRuntime` after fork) and the request's phase timer: every inference
+is timed as phase "infer" and its batch size recorded, whoever asks for it (a task's `run`,
+v2 infer on the model's own tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
+from onnxpool.server import metrics
+from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.timing import RequestTimer
+from onnxpool.tasks.api import Feeds, Outputs
+
+
+class RequestRunner:
+    """The session, as one request sees it: timed, counted (see the module doc)."""
+
+    __slots__ = ("_backend", "_model", "_record", "timer")
+
+    def __init__(self, backend: InferenceBackend, timer: RequestTimer, model: str, record_metrics: bool) -> None:
+        self._backend = backend
+        self.timer = timer
+        """The request's phase timer (admission control reads its wait)."""
+        self._model = model
+        self._record = record_metrics
+
+    def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
+        if self._record:
+            first = next(iter(feeds.values()), None)
+            metrics.observe_batch(self._model, int(first.shape[0]) if first is not None and first.ndim else 1)
+        with self.timer.phase("infer"):
+            return self._backend.infer(feeds, output_names)
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return self.timer.phase(name)
