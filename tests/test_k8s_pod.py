@@ -383,9 +383,8 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
                 config_dirs[path] = folder
             env = {**image_env(venv), **c.env}
             if c.name == APP:
-                # /models is the image's: here the checkout's demo model.
+                # /models is the image's: here the checkout's demo model (its labels.txt found beside it).
                 env["ONNXPOOL_MODEL__PATH"] = str(DEMO_MODEL)
-                env["ONNXPOOL_TASK__LABELS"] = str(DEMO_MODEL.parent / "labels.txt")
                 env.update(extra_env or {})
             else:
                 # The pod's port, on a free loopback port (no pod network namespace here).
