@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import REPO, infinity
 from onnxpool.measure.servers import Server, children_of, free_port, start_command
+from onnxpool.workers.memory import read_memory
 
 MODEL_NAME = "all-minilm-l6-v2"
 EMBEDDINGS = "/v1/embeddings"
@@ -92,12 +93,8 @@ def tree_memory(root: int) -> tuple[int, int]:
     rss = pss = 0
     for pid in process_tree(root):
         with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError):
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key == "Rss":
-                    rss += int(value.split()[0]) * 1024
-                elif key == "Pss":
-                    pss += int(value.split()[0]) * 1024
+            memory = read_memory(pid)
+            rss, pss = rss + memory.rss, pss + memory.pss
     return rss, pss
 
 
@@ -108,22 +105,33 @@ class MemoryPeak:
 
 
 @contextlib.contextmanager
-def sampling_memory(root: int, interval: float = 0.25) -> Iterator[MemoryPeak]:
-    """Samples the tree's memory every `interval` s while the block runs; the peak is in the yielded object."""
-    peak = MemoryPeak()
+def sampled(sample: Callable[[], None], interval: float = 0.25) -> Iterator[None]:
+    """Calls `sample` at once and then every `interval` s, in a thread, while the block runs."""
     stop = threading.Event()
 
-    def sample() -> None:
+    def loop() -> None:
         while True:
-            rss, pss = tree_memory(root)
-            peak.rss, peak.pss = max(peak.rss, rss), max(peak.pss, pss)
+            sample()
             if stop.wait(interval):
                 return
 
-    thread = threading.Thread(target=sample, daemon=True)
+    thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        yield peak
+        yield
     finally:
         stop.set()
         thread.join()
+
+
+@contextlib.contextmanager
+def sampling_memory(root: int, interval: float = 0.25) -> Iterator[MemoryPeak]:
+    """Samples the tree's memory every `interval` s while the block runs; the peak is in the yielded object."""
+    peak = MemoryPeak()
+
+    def sample() -> None:
+        rss, pss = tree_memory(root)
+        peak.rss, peak.pss = max(peak.rss, rss), max(peak.pss, pss)
+
+    with sampled(sample, interval):
+        yield peak

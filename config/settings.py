@@ -140,10 +140,28 @@ class ModelSettings(Section):
     """onnxruntime graph optimisation level."""
 
     memory_arena: Literal["auto", "keep", "release"] = "auto"
-    """onnxruntime's memory arena: "keep" holds the largest run's memory for the next run (fastest
-    for fixed shapes); "release" shrinks it after every run (inputs of varying length: text
-    models' arenas otherwise stay at the size of the longest request ever, ~70-85 MB per worker
-    for MiniLM); "auto": release when an input has a dynamic dimension besides the batch."""
+    """onnxruntime's memory arena: "keep" holds the largest run's memory for the next run (fastest);
+    "release" gives it back after every run and trims the C heap (the least memory, ~0.9x the speed
+    of text models); "auto" keeps it while the worker stays within `memory_headroom_mb` of its size
+    after warm-up, and past that gives the arena and the heap's free pages back once (after a
+    request larger than the usual). Releasing after every run is not what bounds memory: glibc
+    keeps the freed pages (docs/BENCHMARKS.md)."""
+
+    memory_headroom_mb: int = Field(default=64, ge=1)
+    """memory_arena = "auto": how far (MB) a worker's heap and arenas may grow past their size after
+    warm-up before they are given back. MiniLM's largest run (512 padded tokens) needs ~25 MB."""
+
+    share_weights: bool = True
+    """true: the master writes the model, as onnxruntime optimises it, into the run folder with its
+    weights in one data file that every worker maps, so a host holds them once, not once per worker
+    (MiniLM: 29 MB private per worker instead of 114). false: every worker reads a byte copy of
+    the model into its own memory (as onnxpool did before). The file at `path` is only ever read."""
+
+    prepacking: bool = True
+    """true: the kernels' prepacked weights (MatMul and Conv weights re-laid out for the CPU's matrix
+    code) are made once, saved in the mapped copy (share_weights) and mapped too: full speed. false:
+    no prepacking: a smaller copy and 0-2 MB less per worker, at 0.78x the speed of the image model,
+    0.55x of its INT8 build, 0.94x of MiniLM (docs/BENCHMARKS.md)."""
 
     cpu_variants: list[Path] = Field(default_factory=list)
     """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each

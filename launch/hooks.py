@@ -49,6 +49,7 @@ from onnxpool.config.settings import Settings
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
+from onnxpool.workers.memory import MemoryProbe, ProcessMemory, read_memory
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
 from onnxpool.workers.run_folder import RunFolder
@@ -303,6 +304,8 @@ def post_fork(server: Any, worker: Any) -> None:
         warmup_runs=model.warmup_runs,
         heartbeat=worker.notify,
         memory_arena=model.memory_arena,
+        headroom_mb=model.memory_headroom_mb,
+        prepacking=model.prepacking,
     )
     from onnxpool.server.app import open_in_worker
 
@@ -311,23 +314,37 @@ def post_fork(server: Any, worker: Any) -> None:
     wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
+    memory = read_memory()
     log.info(
         "worker ready: slot=%d pid=%d cores=%s threads=%d arena=%s model load %.0f ms, warm-up %d runs "
-        "(first %.1f ms, last %.1f ms)",
+        "(first %.1f ms, last %.1f ms); memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
         RUNTIME.intra_op_threads,
-        "released after each run" if RUNTIME.releases_arena else "kept",
+        RUNTIME.describe_arena(),
         report.load_seconds * 1000,
         len(runs),
         runs[0] * 1000 if runs else 0.0,
         runs[-1] * 1000 if runs else 0.0,
+        memory.describe(),
     )
     if s.pool.run.metrics is not None:
         from onnxpool.server import metrics
 
         metrics.worker_loaded(slot, report.load_seconds, sum(runs))
+        _publish_memory(s, memory)
+
+
+# This worker's memory for the gauge, read again after a request at most every few seconds.
+_MEMORY = MemoryProbe(interval=5.0)
+
+
+def _publish_memory(s: Serving, memory: ProcessMemory | None) -> None:
+    if memory is not None and s.pool.run.metrics is not None:
+        from onnxpool.server import metrics
+
+        metrics.worker_memory(s.settings.model.name, memory.private, memory.pss)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -388,6 +405,9 @@ def post_request(req: Any, resp: Any) -> None:
     """
     if resp is not None:
         wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
+    RUNTIME.give_back()  # [model] memory_arena: a statm read, unless the worker grew past its headroom
+    if _serving is not None:
+        _publish_memory(_serving, _MEMORY.due())  # a clock read, unless the last reading is 5 s old
     if resp is None or not resp.headers_sent or not resp.should_close():
         return  # no reply written, or a keep-alive connection (gthread) that serves on
     reader = getattr(getattr(req, "body", None), "reader", None)

@@ -5,7 +5,9 @@
    processes (`bench.limit`), then the best one at several batch sizes.
 2. Over HTTP (what counts): the top candidates are each started as a real
    gunicorn (`bench.servers.start_server`) and measured with `bench` (v2
-   binary tensors) at a target concurrency; one server at a time.
+   binary tensors) at a target concurrency; one server at a time. After the
+   load, each worker's memory (private and PSS, /proc/<pid>/smaps_rollup) is
+   read, so a layout's memory is reported beside its req/s.
 The winner is the best CONFIRMED HTTP throughput. Everything runs inside a
 time budget: durations are sized from it, and candidates that no longer fit
 are skipped (the first one is always confirmed, so there is a winner).
@@ -29,6 +31,7 @@ from onnxpool.measure.report import format_table
 from onnxpool.measure.servers import start_server
 from onnxpool.measure.tomledit import set_server_layout
 from onnxpool.workers.cores import Layout, plan_layout, usable_cores
+from onnxpool.workers.memory import MB, ProcessMemory, read_memory
 
 # Rough fixed costs, used only to size durations within the budget.
 INPROCESS_OVERHEAD_S = 3.0  # spawn + import onnxruntime + session build + warm-up
@@ -51,7 +54,19 @@ class Candidate:
     layout: Layout
     inprocess: LimitResult | None = None
     http: StepResult | None = None
+    memory: tuple[ProcessMemory, ...] = ()
+    """Each worker's memory after the HTTP load (confirmed candidates only)."""
     batch_items_per_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def private_mb(self) -> float:
+        """The largest private memory of a worker (MB); NaN if not measured."""
+        return max(m.private for m in self.memory) / MB if self.memory else float("nan")
+
+    @property
+    def pss_mb(self) -> float:
+        """The workers' mean PSS (MB); NaN if not measured."""
+        return sum(m.pss for m in self.memory) / len(self.memory) / MB if self.memory else float("nan")
 
     @property
     def workers(self) -> int:
@@ -133,8 +148,8 @@ def _limit(settings: Settings, layout: Layout, batch: int, d: _Durations) -> Lim
 
 def _confirm(
     settings: Settings, candidate: Candidate, options: TuneOptions, concurrency: int, d: _Durations, log_dir: Path
-) -> StepResult:
-    """Start a real gunicorn with this layout, bench it at `concurrency`, stop it."""
+) -> tuple[StepResult, tuple[ProcessMemory, ...]]:
+    """Start a real gunicorn with this layout, bench it at `concurrency`, read its workers' memory, stop it."""
     overrides = {k: v for k, v in os.environ.items() if k.startswith("ONNXPOOL_")}
     overrides["ONNXPOOL_SERVER__WORKERS"] = str(candidate.workers)
     overrides["ONNXPOOL_SERVER__THREADS_PER_WORKER"] = str(candidate.threads)
@@ -151,7 +166,8 @@ def _confirm(
             duration=d.http,
             model=settings.model.name,
         )
-        return run_bench(bench).steps[0]
+        step = run_bench(bench).steps[0]
+        return step, tuple(read_memory(pid) for pid in server.workers())
     finally:
         server.stop()
 
@@ -197,7 +213,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> TuneResu
                 result.notes.append(f"{candidate.name}: not confirmed over HTTP (budget reached)")
                 continue
             show(f"HTTP {candidate.name} at concurrency {concurrency} ({durations.http:.1f}s)")
-            candidate.http = _confirm(settings, candidate, options, concurrency, durations, Path(tmp))
+            candidate.http, candidate.memory = _confirm(settings, candidate, options, concurrency, durations, Path(tmp))
     result.seconds = time.monotonic() - started
     winner = result.winner
     progress.done(
@@ -223,6 +239,8 @@ def ranking_rows(result: TuneResult) -> list[dict[str, object]]:
                 "http_rps": c.http.throughput if c.http else float("nan"),
                 "http_p99": c.http.percentile(99) * 1000 if c.http else float("nan"),
                 "http_errors": c.http.error_count if c.http else float("nan"),
+                "private_mb": c.private_mb,
+                "pss_mb": c.pss_mb,
                 "inproc": c.inprocess.items_per_second if c.inprocess else float("nan"),
                 "inproc_p99": c.inprocess.percentile(99) * 1000 if c.inprocess else float("nan"),
                 "batches": batches or "-",
@@ -238,6 +256,8 @@ def format_ranking(result: TuneResult) -> str:
         ("http_rps", f"HTTP req/s @c{result.concurrency}", "{:.1f}"),
         ("http_p99", "HTTP p99 ms", "{:.1f}"),
         ("http_errors", "errors", "{}"),
+        ("private_mb", "MB private/worker", "{:.0f}"),
+        ("pss_mb", "MB PSS/worker", "{:.0f}"),
         ("inproc", "in-process img/s", "{:.1f}"),
         ("inproc_p99", "in-process p99 ms", "{:.1f}"),
         ("batches", "in-process batched img/s", "{}"),
@@ -260,6 +280,7 @@ def winner_note(result: TuneResult) -> str:
     assert winner is not None and winner.http is not None
     text = (
         f"{result.measured_at}: {winner.name} measured best, {winner.http.throughput:.1f} req/s, "
+        f"per worker {winner.private_mb:.0f} MB private, {winner.pss_mb:.0f} MB PSS, "
         f"p99 {winner.http.percentile(99) * 1000:.0f} ms over HTTP (v2 binary, concurrency {result.concurrency}, "
         f"{result.cores} cores)"
     )

@@ -87,6 +87,15 @@ WARMUP_SECONDS = Gauge(
     ["slot"],
     multiprocess_mode="livesum",
 )
+WORKER_MEMORY = Gauge(
+    "onnxpool_worker_memory_bytes",
+    "Memory of each live worker (label pid) from /proc/<pid>/smaps_rollup, by model and kind: private "
+    "(Private_Clean + Private_Dirty: what this worker alone holds) or pss (its proportional share of "
+    "the pages it shares, such as the mapped model copy; the workers' pss sum to what they hold). "
+    "Set after warm-up, then at most every few seconds after a request or a scrape.",
+    ["model", "kind"],
+    multiprocess_mode="liveall",
+)
 BUILD_INFO = Gauge(
     "onnxpool_build_info",
     "Always 1: onnxpool and onnxruntime versions, worker count and threads per worker.",
@@ -171,6 +180,12 @@ def worker_loaded(slot: int, load_seconds: float, warmup_seconds: float) -> None
     """In a worker after post_fork: how long its session build and warm-up took."""
     MODEL_LOAD_SECONDS.labels(str(slot)).set(load_seconds)
     WARMUP_SECONDS.labels(str(slot)).set(warmup_seconds)
+
+
+def worker_memory(model: str, private: int, pss: int) -> None:
+    """In a worker: its private and PSS bytes (workers/memory.py reads them)."""
+    _child(WORKER_MEMORY, (model, "private")).set(private)
+    _child(WORKER_MEMORY, (model, "pss")).set(pss)
 
 
 def worker_exited(pid: int) -> None:

@@ -71,10 +71,14 @@ def test_tune_tiny_budget_writes_winner(tmp_path: Path, capsys) -> None:
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "recommended: workers =" in captured.out
+    assert "MB private/worker" in captured.out and "MB PSS/worker" in captured.out
+    first = next(line for line in captured.out.splitlines() if line.strip().startswith("1 "))
+    assert "nan" not in first  # the confirmed winner's memory was read from its workers
     n = len(usable_cores())
     if n > 1:
         assert "budget reached" in captured.out  # 5 s cannot hold two HTTP confirmations
     server = tomllib.loads(target.read_text())["server"]
     assert server["workers"] * server["threads_per_worker"] == n
     assert "# onnxpool tune: " in target.read_text()
+    assert " MB private, " in target.read_text()  # the winner's note in the file
     assert "100%" in captured.err

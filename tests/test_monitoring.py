@@ -48,10 +48,6 @@ DASHBOARD = MONITORING / "grafana-dashboard.json"
 RULES = MONITORING / "onnxpool-rules.yml"
 PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
 
-# Metrics the dashboard shows that this branch does not export yet (another change adds them).
-# Their panels may come back empty; every other panel must return data. Remove on merge.
-NOT_YET_EXPORTED = frozenset({"onnxpool_worker_memory_bytes"})
-
 INT8_CONFIG = MODEL = "efficientnet-lite0-int8"  # the shipped settings file of that name serves this model
 # The scraped server as Kubernetes service discovery would label it.
 JOB, NAMESPACE, POD = "onnxpool", "onnxpool-test", "onnxpool-test-0"
@@ -290,14 +286,13 @@ def scraped(onnxpool: Server, prometheus: Prometheus) -> Prometheus:
 def name_problems(prometheus: Prometheus, what: str, expr: str) -> list[str]:
     """What in `expr` names nothing real: a metric without series, a label those series lack,
     a positive matcher (= or =~) that alone selects none of them, a `by`/`without` label that
-    none of the expression's series carry. Metrics of NOT_YET_EXPORTED may be absent."""
+    none of the expression's series carry."""
     problems = []
     labels_seen: set[str] = set()
     for metric, matchers in selectors(expr):
         found = prometheus.series(metric)
         if not found:
-            if metric not in NOT_YET_EXPORTED:
-                problems.append(f"{what}: no series of {metric}")
+            problems.append(f"{what}: no series of {metric}")
             continue
         names = {name for series in found for name in series}
         labels_seen |= names
@@ -306,10 +301,9 @@ def name_problems(prometheus: Prometheus, what: str, expr: str) -> list[str]:
                 problems.append(f"{what}: {metric} has no label {label}")
             elif op in ("=", "=~") and not prometheus.series(f'{metric}{{{label}{op}"{value}"}}'):
                 problems.append(f'{what}: no series {metric}{{{label}{op}"{value}"}}')
-    absent_only = not labels_seen and metric_names(expr) <= NOT_YET_EXPORTED
     for group in GROUPING.findall(expr):
         for label in (name.strip() for name in group.split(",")):
-            if label and label != "le" and label not in labels_seen and not absent_only:
+            if label and label != "le" and label not in labels_seen:
                 problems.append(f"{what}: groups by {label}, a label none of its series has")
     return problems
 
@@ -323,8 +317,6 @@ def test_every_panel_returns_data(scraped: Prometheus) -> None:
         values = [float(sample["value"][1]) for sample in scraped.query(query)]
         if any(math.isfinite(v) for v in values):
             continue
-        if values == [] and metric_names(expr) & NOT_YET_EXPORTED:
-            continue  # a panel for a metric this branch does not export yet (names checked above)
         problems.append(f"{title}: {query} -> {values}")
     assert problems == [], "\n".join(problems)
 

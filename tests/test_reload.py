@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -40,18 +41,37 @@ def test_hup_loads_a_good_new_file_and_refuses_a_broken_one(tmp_path: Path) -> N
     with running_server(tmp_path, settings, workers=2) as srv:
         base = first_logit(srv)
 
+        copies = run_folder(srv) / "models"
+        first = served_copies(copies)
+        assert len(first) == 1 and (first[0].parent / "model.onnx.data").is_file()  # the mapped form
+
         broken = tmp_path / "broken.onnx"
         broken.write_bytes(b"\x08\x07 half-written file" * 100)
         os.replace(broken, model)
         hup_and_wait(srv, 2)
         assert "reload: keeping the running configuration and the last good model" in srv.log()
         assert first_logit(srv) == base  # the new workers loaded the last good copy and serve
+        assert served_copies(copies) == first  # the refused file's copy is gone, the last good one kept
 
         fresh = build_tiny_model(tmp_path / "next.onnx", bias=1.0)
         os.replace(fresh, model)
         hup_and_wait(srv, 2)
         assert abs(first_logit(srv) - (base + 1.0)) < 1e-4
+        second = served_copies(copies)
+        assert len(second) == 1 and second != first  # swapped: the old generation's folder removed
         assert srv.process.poll() is None
+
+
+def served_copies(models: Path) -> list[Path]:
+    """The served forms in the run folder's models/ (each in a folder of its own), besides nothing else."""
+    assert all(folder.is_dir() for folder in models.iterdir())
+    return sorted(models.glob("*/model.onnx"))
+
+
+def run_folder(server: Server) -> Path:
+    found = re.search(r"run folder: (\S+)", server.log())
+    assert found, server.log()
+    return Path(found.group(1))
 
 
 def write_labels(path: Path, prefix: str) -> None:

@@ -40,14 +40,17 @@ def test_everything_lives_under_the_configured_run_dir(tmp_path: Path, monkeypat
     assert run.heartbeat.is_dir() and run.heartbeat.parent == run.path
     model = tmp_path / "model.onnx"
     model.write_bytes(b"first")
-    first = run.copy_model(model)
+    first = run.served_form(run.copy_model(model))
+    assert first.name == "model.onnx" and first.parent.parent == run.path / "models"
     run.promote_model(first)
-    second = run.copy_model(model)
+    second = run.served_form(run.copy_model(model))
     run.promote_model(second)
-    assert not first.exists() and run.current_model == second  # running workers loaded the old copy already
+    assert not first.parent.exists() and run.current_model == second  # running workers mapped the old copy
     rejected = run.copy_model(model)
+    assert rejected.read_bytes() == b"first" and rejected.parent != second.parent
     run.discard_model(rejected)
-    assert not rejected.exists()
+    assert not rejected.parent.exists() and second.parent.exists()
+    assert model.read_bytes() == b"first"
     run.remove()
     assert not run.path.exists()
 

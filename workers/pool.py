@@ -35,7 +35,7 @@ class Generation:
     loaded: LoadedSettings
     model: ModelInfo
     model_file: Path
-    """The file new workers load: the validated private copy (or the configured path, see run_folder)."""
+    """The file new workers load: the validated copy whose weights they map (run_folder, `served_form`)."""
     layout: Layout
     model_digest: str
     """Digest of the model file's bytes, computed once here (the response cache keys on it)."""
@@ -65,7 +65,7 @@ class Pool:
         """
         loaded, choice = self._variant_for_this_cpu(loaded)
         settings = loaded.settings
-        model, model_file = self._validated_model(settings)
+        model, model_file, digest = self._validated_model(settings)
         # The recipe comes from the preflight subprocess (ModelInfo.metadata), the flags from
         # /proc/cpuinfo: the master itself never imports onnxruntime (or onnx).
         fit = check_fit(ModelRecipe.from_metadata(model.metadata_map), cpu_flags())
@@ -74,7 +74,6 @@ class Pool:
             raise ModelError(f"{settings.model.path}: {fit.message}")
         server = settings.server
         layout = plan_layout(cpu_allowance(), server.workers, server.threads_per_worker)
-        digest = model_digest(model_file, in_place=not self.run.owns(model_file))
         return Generation(
             loaded=loaded,
             model=model,
@@ -121,8 +120,14 @@ class Pool:
         others = ", ".join(str(v) for v in model.cpu_variants)
         return loaded, f"model file: {model.path} (none of [model] cpu_variants is made for this CPU: {others})"
 
-    def _validated_model(self, settings: Settings) -> tuple[ModelInfo, Path]:
-        """Copy the model, validate the copy; a model that does not load from a copy is validated in place."""
+    def _validated_model(self, settings: Settings) -> tuple[ModelInfo, Path, str]:
+        """Copy the model's bytes, validate what workers will load; that file and the digest of the bytes.
+
+        `[model] share_weights`: the preflight writes the mapped form from the byte copy
+        (run_folder.served_form) and the byte copy goes. If onnxruntime cannot write that form
+        of a model that loads, every worker loads the byte copy (one warning line). A model that
+        does not load from a lone copy (external data files beside it) is read in place.
+        """
         source = settings.model.path
         try:
             copy = self.run.copy_model(source)
@@ -130,20 +135,56 @@ class Pool:
             raise ModelError(f"model file {source} does not exist") from None
         except OSError as exc:
             raise ModelError(f"model file {source} cannot be read: {exc.strerror}") from None
+        digest = model_digest(copy, in_place=False)
+        unmapped: ModelError | None = None
+        if settings.model.share_weights:
+            served = self.run.served_form(copy)
+            try:
+                model = preflight(settings, copy, into=served)
+            except ModelError as exc:
+                unmapped = exc
+            else:
+                copy.unlink()  # the served form is written: the bytes are not read again
+                return model, served, digest
         try:
-            return preflight(settings, copy), copy
+            model = preflight(settings, copy)
         except ModelError:
-            self.run.discard_model(copy)
-        model = preflight(settings)  # raises the error about the real file if it is bad
-        log.info("model %s does not load from a copy (external data?): workers load it in place", source)
-        return model, source
+            return self._validated_in_place(settings, copy)
+        if unmapped is not None:
+            log.warning("model %s: no mapped form (%s): every worker loads a copy of its own", source, unmapped)
+        return model, copy, digest
+
+    def _validated_in_place(self, settings: Settings, copy: Path) -> tuple[ModelInfo, Path, str]:
+        """A model with external data files of its own: its mapped form is written from where it is.
+
+        Without `share_weights` workers load it from its configured path. Raises the error
+        about the real file if it is bad.
+        """
+        source = settings.model.path
+        served = self.run.served_form(copy) if settings.model.share_weights else source
+        self.run.discard_model(copy)  # the lone byte copy is of no use
+        if served != source:
+            served.parent.mkdir()
+        try:
+            model = preflight(settings, into=served if served != source else None)
+        except ModelError:
+            self.run.discard_model(served)
+            raise
+        log.info("model %s does not load from a lone copy (external data?): %s", source, _read_in_place(served, source))
+        return model, served, model_digest(source, in_place=True)
+
+
+def _read_in_place(served: Path, source: Path) -> str:
+    if served == source:
+        return "workers load it in place"
+    return "its mapped form was written from it in place"
 
 
 def model_digest(path: Path, *, in_place: bool) -> str:
     """sha256 of the model file; identical files on several hosts give the same digest.
 
-    A model served in place (external data files next to it, see run_folder) may change in
-    files this does not read, so each of its generations gets a digest of its own.
+    A model with external data files of its own (see run_folder) may change in files this
+    does not read, so each of its generations gets a digest of its own.
     """
     with path.open("rb") as f:
         digest = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()

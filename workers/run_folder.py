@@ -2,7 +2,8 @@
 
     <server.run_dir, else default_base()>/onnxpool-<master pid>-XXXX/
         metrics/     prometheus_client's per-process files (unless [metrics] dir names a folder)
-        models/      validated private copies of the model file: what new workers load
+        models/      one folder per validated model: the form new workers load (NNNN/<name> and
+                     NNNN/<name>.data, the weights every worker maps)
         heartbeat/   gunicorn's worker heartbeat files (`worker_tmp_dir`)
         cache/       the local response cache (LMDB), shared by the workers ([cache])
 
@@ -20,11 +21,16 @@ gone. Process rules (docs/ARCHITECTURE.md):
   inherits it. Each process writes its own `<kind>_<pid>.db` files; GET /metrics
   in any worker sums all of them, so the folder is fresh (or emptied) per run,
   never shared across runs, and kept across HUP so totals survive.
-- Model copies: workers build their session from the file the master
+- Model copies: workers build their session from the copy the master
   validated, never from the configured path, so a broken or half-written file
-  swapped in before a HUP is refused and new workers keep the last good copy. A
-  model with external data files (tensors in `*.data` next to the .onnx) does
-  not load from a lone copy; it is then served from its configured path.
+  swapped in before a HUP is refused and new workers keep the last good copy.
+  The master copies the file's bytes (`copy_model`: what the response cache's
+  digest is taken of); the preflight subprocess writes from them the form
+  workers load (`served_form`: onnxruntime's optimised graph, its weights in a
+  data file that every worker maps, so a host holds them once) and the byte copy
+  goes. A model with external data files of its own (tensors in `*.data` next
+  to the .onnx) does not load from a lone byte copy; its served form is then
+  written from its configured path. The configured file is only ever read.
 """
 
 from __future__ import annotations
@@ -161,25 +167,36 @@ class RunFolder:
     # --- validated model copies -------------------------------------------
 
     def copy_model(self, source: Path) -> Path:
-        """Copy `source` into models/ (not yet current); raises OSError if unreadable."""
+        """Copy `source`'s bytes into a fresh models/NNNN/ folder (not yet current); OSError if unreadable."""
         self._copies += 1
-        target = self.path / "models" / f"{self._copies:04d}-{source.name}"
+        folder = self.path / "models" / f"{self._copies:04d}"
+        folder.mkdir()
+        target = folder / f"{source.name}.bytes"
         shutil.copyfile(source, target)
         return target
 
-    def promote_model(self, copy: Path) -> None:
-        """Make `copy` what new workers load; drop the previous copy (running workers loaded it already)."""
-        previous, self.current_model = self.current_model, copy
-        if previous is not None and previous != copy and self.owns(previous):
-            previous.unlink(missing_ok=True)
+    @staticmethod
+    def served_form(copy: Path) -> Path:
+        """Where the preflight writes the form workers load, beside the byte copy `copy`."""
+        return copy.with_name(copy.name.removesuffix(".bytes"))
+
+    def promote_model(self, served: Path) -> None:
+        """Make `served` what new workers load; drop the previous copy's folder.
+
+        Running workers have mapped its data file already: unlinked, its pages live on until
+        the last of them exits.
+        """
+        previous, self.current_model = self.current_model, served
+        if previous is not None and previous.parent != served.parent:
+            self.discard_model(previous)
 
     def discard_model(self, copy: Path) -> None:
-        """Forget a copy that failed validation."""
+        """Forget a copy (its whole folder) that failed validation or was replaced."""
         if self.owns(copy):
-            copy.unlink(missing_ok=True)
+            shutil.rmtree(copy.parent, ignore_errors=True)
 
     def owns(self, path: Path) -> bool:
-        return path.parent == self.path / "models"
+        return path.parent.parent == self.path / "models"
 
     @property
     def cache(self) -> Path:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from onnxpool.workers.cpu_fit import METADATA_PREFIX
+from onnxpool.workers.memory import MB, anonymous_bytes, trim_heap
 from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
 
 if TYPE_CHECKING:
@@ -61,10 +62,8 @@ def model_info_of(session: ort.InferenceSession) -> ModelInfo:
     )
 
 
-def build_session(
-    model_path: Path, intra_op_threads: int, spin: bool = False, optimization: str = "all"
-) -> ort.InferenceSession:
-    """One CPU session with EXPLICIT thread counts.
+def _options(intra_op_threads: int, spin: bool, optimization: str, prepacking: bool) -> ort.SessionOptions:
+    """Session options with EXPLICIT thread counts.
 
     onnxruntime sizes its default pool from the machine's core count and ignores
     the affinity mask, so N pinned workers with defaults would each spawn one
@@ -79,13 +78,69 @@ def build_session(
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[optimization])
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if not prepacking:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     options.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
+    return options
+
+
+def _session(model_path: Path, options: ort.SessionOptions) -> ort.InferenceSession:
+    import onnxruntime as ort
+
     return ort.InferenceSession(
         str(model_path),
         sess_options=options,
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
     )
+
+
+def build_session(
+    model_path: Path,
+    intra_op_threads: int,
+    spin: bool = False,
+    optimization: str = "all",
+    prepacking: bool = True,
+) -> ort.InferenceSession:
+    """One CPU session with explicit thread counts (`_options`); `prepacking` False: the least memory."""
+    return _session(model_path, _options(intra_op_threads, spin, optimization, prepacking))
+
+
+# The served copy (docs/ARCHITECTURE.md, "one copy of the weights per host"): every
+# initializer of at least this many bytes goes to the data file, which onnxruntime maps
+# instead of reading, so the workers of a host share its pages. Smaller ones stay in the
+# graph file, which each worker parses into its own heap (a few KB in all).
+EXTERNAL_MIN_BYTES = 1024
+
+
+def mapped_data_file(copy: Path) -> Path:
+    """The data file beside a copy written by `write_mapped_copy`."""
+    return copy.with_name(copy.name + ".data")
+
+
+def write_mapped_copy(source: Path, target: Path, optimization: str, prepacking: bool) -> None:
+    """Write `source` as onnxruntime optimises it into `target`, its weights in `mapped_data_file(target)`.
+
+    A session made from `source` in the form workers load (this level, these disabled
+    optimizers) saves the optimised graph; its large initializers go to one data file that
+    each worker's session maps, page-aligned, rather than copying into its heap. With
+    `prepacking` the kernels' prepacked weights (MatMul and Conv weights re-laid out for
+    MLAS, as large as the weights themselves) are saved there too, and a session made from
+    the copy maps them instead of packing its own: full speed with one copy per host.
+    Without it workers run unpacked weights (session.disable_prepacking). Runs in the
+    preflight subprocess only: the master never imports onnxruntime.
+    """
+    options = _options(1, False, optimization, prepacking)
+    options.optimized_model_filepath = str(target)
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", mapped_data_file(target).name
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_MIN_BYTES)
+    )
+    if prepacking:
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+    _session(source, options)
 
 
 @dataclass(frozen=True)
@@ -100,15 +155,22 @@ class WarmupReport:
         return self.load_seconds + sum(self.run_seconds)
 
 
-def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], None] | None = None) -> list[float]:
-    """Run `runs` inferences on zeros so the first real request is not the slow one."""
-    info = model_info_of(session)
+def warmup_feeds(info: ModelInfo) -> dict[str, np.ndarray] | None:
+    """Zeros of each input's smallest shape (dynamic dims 1); None for string inputs."""
     feeds = {}
     for spec in info.inputs:
         dtype = spec.dtype
         if dtype is None:
-            return []  # string inputs: nothing sensible to synthesise
+            return None  # string inputs: nothing sensible to synthesise
         feeds[spec.name] = np.zeros(static_shape(spec), dtype=dtype)
+    return feeds
+
+
+def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], None] | None = None) -> list[float]:
+    """Run `runs` inferences on zeros so the first real request is not the slow one."""
+    feeds = warmup_feeds(model_info_of(session))
+    if feeds is None:
+        return []
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -121,18 +183,15 @@ def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], No
 
 ArenaMode = Literal["auto", "keep", "release"]
 
-
-def releases_arena(mode: ArenaMode, info: ModelInfo) -> bool:
-    """Should each run give its arena memory back? (`[model] memory_arena`)
-
-    onnxruntime's CPU arena grows to the largest run and keeps that memory for the next one.
-    With fixed shapes every run needs the same, so keeping it is free speed. With a dynamic
-    dimension besides the batch (tokens), one long request would pin its memory in every
-    worker for good: "auto" releases it then.
-    """
-    if mode != "auto":
-        return mode == "release"
-    return any(d < 0 for spec in info.inputs for d in spec.shape[1:])
+# Why "auto" keeps the arena and bounds the worker instead of releasing after every run
+# (docs/BENCHMARKS.md, "What load leaves behind"): onnxruntime's arena frees its chunks into
+# glibc's heap, and glibc keeps freed pages that sit between live allocations, so releasing
+# after each run of a mixed-length load grew a MiniLM worker by ~100 MB in 45 s (and +327 MB
+# in 2 min before), while every run paid for allocating its memory again. Kept, the arena
+# holds the largest run's memory, which the text tasks cap (`sub_batch_tokens`): +25 MB, and
+# the fastest. A request larger than the usual (an uncapped tensors model) is what the bound
+# is for: past it, one tiny run gives the arena back and the heap is trimmed.
+SHRINK_ARENA = ("memory.enable_memory_arena_shrinkage", "cpu:0")
 
 
 class SessionRuntime:
@@ -149,8 +208,15 @@ class SessionRuntime:
         self._lock = threading.Lock()
         self.intra_op_threads = 0
         self.warmup: WarmupReport | None = None
-        self.releases_arena = False
+        self.arena: ArenaMode = "keep"
+        self.headroom = 0
+        self.limit = 0
+        """"auto": anonymous bytes past which the arena and the heap are given back (0: no bound)."""
+        self.releases = 0
+        """How often "auto" gave memory back."""
         self._run_options: ort.RunOptions | None = None
+        self._shrink: ort.RunOptions | None = None
+        self._idle_feeds: dict[str, np.ndarray] | None = None
 
     def load(
         self,
@@ -162,26 +228,38 @@ class SessionRuntime:
         warmup_runs: int = 3,
         heartbeat: Callable[[], None] | None = None,
         memory_arena: ArenaMode = "keep",
+        headroom_mb: int = 64,
+        prepacking: bool = True,
     ) -> WarmupReport:
         """Build the session and warm it up; the runtime is ready when this returns."""
         import onnxruntime as ort  # in the worker, after fork (module comment above)
 
         start = time.perf_counter()
-        session = build_session(model_path, intra_op_threads, spin, optimization)
+        session = build_session(model_path, intra_op_threads, spin, optimization, prepacking)
         load_seconds = time.perf_counter() - start
         runs = warm_up(session, warmup_runs, heartbeat)
         info = model_info_of(session)
-        release = releases_arena(memory_arena, info)
-        run_options = None
-        if release:
-            run_options = ort.RunOptions()
-            run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry(*SHRINK_ARENA)
         with self._lock:
             self._session, self._info = session, info
-            self._run_options, self.releases_arena = run_options, release
+            self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, warmup_feeds(info)
+            self._run_options = shrink if memory_arena == "release" else None
             self.intra_op_threads = intra_op_threads
             self.warmup = WarmupReport(load_seconds, tuple(runs))
+            if memory_arena == "release":
+                trim_heap()
+            self.headroom = headroom_mb * MB
+            self.limit = anonymous_bytes() + self.headroom if memory_arena == "auto" else 0
         return self.warmup
+
+    def describe_arena(self) -> str:
+        """For the worker's ready line."""
+        if self.arena == "release":
+            return "released after each run"
+        if self.arena == "auto":
+            return f"kept, given back past +{self.headroom // MB} MB"
+        return "kept"
 
     @property
     def ready(self) -> bool:
@@ -202,6 +280,34 @@ class SessionRuntime:
         with self._lock:
             results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
+
+    def give_back(self) -> None:
+        """After a request (post_request, once its arrays are gone): bound what the load leaves behind.
+
+        "release": trim the C heap (each run shrank the arena into it). "auto": past the limit,
+        give the arena and the heap's free pages back. Not done inside `infer`: the outputs
+        still held there are arena memory, and the arena frees only regions that are wholly
+        free. Reading statm costs microseconds; a release (a warm-up sized run that shrinks the
+        arena at its end, then malloc_trim) about one small run, and happens only past the
+        limit. What could not be given back raises the limit, so a worker that keeps more
+        for good (Python's own heap, the tokenizer's caches) is not released after every request.
+        """
+        session = self._session
+        if session is None or self.arena == "keep":
+            return
+        with self._lock:
+            if self.arena == "release":
+                trim_heap()
+                return
+            if anonymous_bytes() <= self.limit:
+                return
+            if self._idle_feeds is not None:
+                session.run(None, self._idle_feeds, self._shrink)
+            else:  # string inputs: no run of our own; every run shrinks the arena from now on
+                self._run_options = self._shrink
+            trim_heap()
+            self.releases += 1
+            self.limit = max(self.limit, anonymous_bytes() + self.headroom)
 
 
 # The one runtime of this process. post_fork fills it in each worker; the
