@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.embeddings:
             for server in (*off.values(), *on.values()):
                 server.stop()  # the image servers' idle workers would still hold memory and sockets
-            text = {"ONNXPOOL_CONFIG": "minilm", "ONNXPOOL_CACHE__ENABLED": "false"}
+            # truncate: a few of the sentences are longer than the model takes (a 400 otherwise)
+            text = {"ONNXPOOL_CONFIG": "minilm", "ONNXPOOL_CACHE__ENABLED": "false", "ONNXPOOL_TASK__TRUNCATE": "true"}
             cycle = workload(sentences(), 1)
             generators = {}
             for name, path in sides.items():
