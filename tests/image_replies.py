@@ -16,7 +16,7 @@ import base64
 import io
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,19 +104,24 @@ def as_recorded(reply: requests.Response) -> dict[str, str | int]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--record", action="store_true", help="(re)write the recording from a server of this code")
-    args = parser.parse_args()
-    if not args.record:
+def recording_command(doc: str, recording: Path, record_in: Callable[[Path], dict[str, dict[str, str | int]]]) -> None:
+    """`python -m tests.<x>_replies --record`: `record_in(a temporary folder)`'s replies written to `recording`."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--record", action="store_true", help="(re)write the recording from servers of this code")
+    if not parser.parse_args().record:
         parser.error("nothing to do without --record")
     with tempfile.TemporaryDirectory() as tmp:
-        with running_server(Path(tmp), {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_CACHE__ENABLED": "false"}) as srv:
-            recorded = record(srv.url)
-    RECORDING.parent.mkdir(parents=True, exist_ok=True)
-    RECORDING.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(recorded)} replies in {RECORDING}")
+        recorded = record_in(Path(tmp))
+    recording.parent.mkdir(parents=True, exist_ok=True)
+    recording.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {len(recorded)} replies in {recording}")
+
+
+def record_from_server(root: Path) -> dict[str, dict[str, str | int]]:
+    """Every case's reply from a fresh server of this code (demo model, response cache off)."""
+    with running_server(root, {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_CACHE__ENABLED": "false"}) as srv:
+        return record(srv.url)
 
 
 if __name__ == "__main__":
-    main()
+    recording_command(__doc__ or "", RECORDING, record_from_server)

@@ -11,10 +11,8 @@ errors, v2 infer with strings, API keys.
 
 from __future__ import annotations
 
-import argparse
 import json
 import struct
-import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -23,8 +21,8 @@ from pathlib import Path
 import requests
 
 from tests.harness import REPO, Server, running_server
-from tests.image_replies import as_recorded
-from tests.text_models import build_classifier_folder, build_text_model_folder
+from tests.image_replies import as_recorded, recording_command
+from tests.text_models import build_classifier_folder, build_text_model_folder, text_settings_file
 
 RECORDING = Path(__file__).resolve().parent / "fixtures" / "task_replies.json"
 TEXT_MODEL = "tiny-text"
@@ -137,12 +135,7 @@ def cases() -> Iterator[Case]:
 
 def settings_file(folder: Path, task: str, extra: str = "") -> Path:
     """A text model's settings in the layout every onnxpool release since the text tasks reads."""
-    config = folder / "onnxpool.toml"
-    config.write_text(
-        f'[model]\nname = "{TEXT_MODEL}"\npath = "model.onnx"\nlabels = ""\ntask = "{task}"\n'
-        f'[auth]\napi_keys = ["{KEY}"]\nprotect_metrics = false\n[task]\nmax_batch = 8\nmax_length = 48\n{extra}'
-    )
-    return config
+    return text_settings_file(folder, task, KEY, extra, old_layout=True)
 
 
 def servers(stack: ExitStack, root: Path, cache: bool) -> dict[str, Server]:
@@ -165,22 +158,12 @@ def record(urls: dict[str, str]) -> dict[str, dict[str, str | int]]:
     return {case.name: as_recorded(case.send(urls[case.server])) for case in cases()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--record", action="store_true", help="(re)write the recording from servers of this code")
-    args = parser.parse_args()
-    if not args.record:
-        parser.error("nothing to do without --record")
-    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        root = Path(tmp)
-        for name in ("iris",):
-            (root / name).mkdir()
-        urls = {name: server.url for name, server in servers(stack, root, cache=False).items()}
-        recorded = record(urls)
-    RECORDING.parent.mkdir(parents=True, exist_ok=True)
-    RECORDING.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
-    print(f"recorded {len(recorded)} replies in {RECORDING}")
+def record_from_servers(root: Path) -> dict[str, dict[str, str | int]]:
+    """Every case's reply from fresh servers of this code (response cache off)."""
+    (root / "iris").mkdir()
+    with ExitStack() as stack:
+        return record({name: server.url for name, server in servers(stack, root, cache=False).items()})
 
 
 if __name__ == "__main__":
-    main()
+    recording_command(__doc__ or "", RECORDING, record_from_servers)

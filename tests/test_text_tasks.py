@@ -17,7 +17,7 @@ import tritonclient.http as triton
 
 from onnxpool.local import LocalRequest, load_task
 from tests.harness import Server, running_server
-from tests.text_models import build_classifier_folder, build_text_model_folder
+from tests.text_models import build_classifier_folder, build_text_model_folder, text_settings_file
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +38,7 @@ def reference(folder: Path, texts: list[str]) -> np.ndarray:
 
 
 def settings_file(folder: Path, task: str, extra: str = "") -> Path:
-    config = folder / "onnxpool.toml"
-    config.write_text(
-        f'[model]\nname = "{MODEL}"\npath = "model.onnx"\nlabels = ""\ntask = "{task}"\n'
-        f'[auth]\napi_keys = ["{KEY}"]\nprotect_metrics = false\n[task]\nmax_batch = 8\nmax_length = 48\n{extra}'
-    )
-    return config
+    return text_settings_file(folder, task, KEY, extra)
 
 
 @pytest.fixture(scope="module")

@@ -191,3 +191,16 @@ def build_classifier_folder(folder: Path, labels: tuple[str, ...] = ("negative",
     config["id2label"] = {str(i): name for i, name in enumerate(labels)}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def text_settings_file(folder: Path, task: str, key: str, extra: str = "", *, old_layout: bool = False) -> Path:
+    """Settings for a tiny text model in `folder` (name "tiny-text", one API key, short inputs); `extra`
+    is appended to `[task]`. `old_layout`: with `[model] labels = ""`, as files written before tasks had
+    tables of their own (they still load, with a warning)."""
+    config = folder / "onnxpool.toml"
+    labels = 'labels = ""\n' if old_layout else ""
+    config.write_text(
+        f'[model]\nname = "tiny-text"\npath = "model.onnx"\n{labels}task = "{task}"\n'
+        f'[auth]\napi_keys = ["{key}"]\nprotect_metrics = false\n[task]\nmax_batch = 8\nmax_length = 48\n{extra}'
+    )
+    return config
