@@ -82,6 +82,13 @@ class ServerSettings(Section):
     pidfile: str = ""
     """Write the master's pid here ("" = no pidfile)."""
 
+    budgets: Literal["auto", "cgroup", "nice"] = "auto"
+    """Several models (`[models.<name>]`): how each model's budget (`cpus`) is held under contention.
+    "cgroup": a cgroup per model with a CPU weight (cgroup v2 `cpu.weight` where the host delegates a
+    cgroup, e.g. systemd `Delegate=yes`; v1 `cpu.shares` as root), refusing to start without one;
+    "nice": a nice value per worker, scaled by the model's worker count; "auto": a cgroup when this
+    host allows one, else nice values (docs/ARCHITECTURE.md, "Several models")."""
+
     docs: bool = True
     """Serve the API page (Swagger UI over /openapi.json, try-it-out included) at GET /docs; it needs no key."""
 

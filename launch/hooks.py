@@ -339,13 +339,13 @@ def post_fork(server: Any, worker: Any) -> None:
     runs = report.run_seconds
     memory = read_memory()
     log.info(
-        "worker ready: slot=%d pid=%d cores=%s nice=%d threads=%d arena=%s model load %.0f ms, warm-up %d runs "
+        "worker ready: slot=%d pid=%d cores=%s threads=%d nice=%d arena=%s model load %.0f ms, warm-up %d runs "
         "(first %.1f ms, last %.1f ms); memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
-        os.getpriority(os.PRIO_PROCESS, 0),
         RUNTIME.intra_op_threads,
+        os.getpriority(os.PRIO_PROCESS, 0),
         RUNTIME.describe_arena(),
         report.load_seconds * 1000,
         len(runs),

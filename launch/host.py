@@ -96,13 +96,13 @@ class Host:
         self.config_file = config_file
         self.loaded = loaded
         self.binary = binary
+        self.priority = _priority(loaded.settings.server.budgets)
         self.run = RunFolder.create(loaded.settings.server.run_dir)
         # nginx started as root runs its workers as `nobody`: they must reach the pools' sockets and
         # nginx's temp folders through this folder (traverse only; nothing here can be listed).
         for folder in (self.run.path, self.run.path / POOLS_DIR, self.run.path / NGINX_DIR):
             folder.mkdir(exist_ok=True)
             folder.chmod(0o711)
-        self.priority: Priority = choose(f"{os.getpid()}")
         self.pools: dict[str, Pool] = {}
         self.left_out: dict[str, str] = {}
         self.nginx: subprocess.Popen[bytes] | None = None
@@ -444,6 +444,16 @@ class Host:
             self._sleep()
 
 
+def _priority(budgets: str) -> Priority:
+    """`[server] budgets`: the mechanism that holds the budgets (workers/priority.py)."""
+    if budgets == "nice":
+        return Priority("nice", why="[server] budgets = nice")
+    chosen = choose(f"{os.getpid()}")
+    if budgets == "cgroup" and chosen.kind == "nice":
+        raise HostError(f"[server] budgets = cgroup, but no cgroup can be made here: {chosen.why}")
+    return chosen
+
+
 def _read_raw(path: Path) -> dict[str, object]:
     import tomllib
 
@@ -488,7 +498,11 @@ def serve_models(config_file: Path) -> int:
             file=sys.stderr,
         )
         return 1
-    host = Host(config_file, loaded, binary)
+    try:
+        host = Host(config_file, loaded, binary)
+    except HostError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
     if loaded.settings.server.pidfile:
         Path(loaded.settings.server.pidfile).write_text(f"{os.getpid()}\n")
 

@@ -78,7 +78,47 @@ def _schemas() -> dict[str, Schema]:
             },
         },
         "Live": {"type": "object", "required": ["live"], "properties": {"live": {"type": "boolean"}}},
-        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+        "Ready": {
+            "type": "object",
+            "required": ["ready"],
+            "properties": {
+                "ready": {"type": "boolean"},
+                "not_ready": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "ModelList": {
+            "type": "object",
+            "required": ["models"],
+            "properties": {
+                "models": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "versions", "aliases", "state"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "versions": {"type": "array", "items": {"type": "string"}},
+                            "aliases": {"type": "array", "items": {"type": "string"}},
+                            "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+                            "reason": {"type": "string"},
+                        },
+                    },
+                }
+            },
+        },
+        "RepositoryIndex": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "version", "state", "reason"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "version": {"type": "string"},
+                    "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+                    "reason": {"type": "string"},
+                },
+            },
+        },
         "ModelReady": {
             "type": "object",
             "required": ["name", "ready"],
@@ -271,12 +311,34 @@ def _paths(settings: Settings, task: AnyTask, auth: bool) -> dict[str, Schema]:
         "/v2/health/ready": {
             "get": {
                 "operationId": "serverReady",
-                "summary": "Readiness probe: 200 once this worker's model is loaded and warmed up",
+                "summary": "Readiness probe: 200 once the model is loaded and warmed up (on a host serving "
+                "several models: once every model is; `not_ready` names the others)",
                 **open_security,
                 "responses": {
                     "200": {"description": "Ready", "content": _json(_ref("Ready"))},
                     "503": {"description": "Not ready yet", "content": _json(_ref("Ready"))},
                 },
+            }
+        },
+        "/v2/models": {
+            "get": {
+                "operationId": "modelList",
+                "summary": "The models served here (every model of the host), their versions, aliases and state",
+                "responses": {"200": {"description": "Models", "content": _json(_ref("ModelList"))}}
+                | _errors(auth=auth),
+            }
+        },
+        "/v2/repository/index": {
+            "post": {
+                "operationId": "repositoryIndex",
+                "summary": "Triton's model repository index: every model with its state; "
+                '`{"ready": true}` lists only the ready ones',
+                "requestBody": {
+                    "required": False,
+                    "content": _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}),
+                },
+                "responses": {"200": {"description": "Index", "content": _json(_ref("RepositoryIndex"))}}
+                | _errors("400", auth=auth),
             }
         },
     }
