@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,15 +357,32 @@ def _schema_key_of(loc: tuple[int | str, ...], root: type[BaseModel] = Settings)
     """The longest prefix of a pydantic error location that is a settings key or section."""
     model: type[BaseModel] | None = root
     key: list[str] = []
-    for part in loc:
+    parts = iter(loc)
+    for part in parts:
         if model is None or not isinstance(part, str):
             break
         key.append(part)
         info = model.model_fields.get(part)
         annotation = info.annotation if info else None
+        entries = _table_of_sections(annotation)
+        if entries is not None:  # `[models.<name>]`: the name, then that section's keys
+            name = next(parts, None)
+            if not isinstance(name, str):
+                break
+            key.append(name)
+            model = entries
+            continue
         is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         model = annotation if is_section else None  # type: ignore[assignment]
     return tuple(key)
+
+
+def _table_of_sections(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a `dict[str, Section]` field (`models`), else None."""
+    if typing.get_origin(annotation) is not dict:
+        return None
+    value = typing.get_args(annotation)[1]
+    return value if isinstance(value, type) and issubclass(value, BaseModel) else None
 
 
 def _lookup(tree: Mapping[str, Any], key: Key) -> Any:
@@ -418,9 +436,15 @@ def describe_validation_error(
 
 def _section_model(section: Key, root: type[BaseModel] = Settings) -> type[BaseModel] | None:
     model: type[BaseModel] = root
-    for part in section:
+    parts = iter(section)
+    for part in parts:
         info = model.model_fields.get(part)
         annotation = info.annotation if info else None
+        entries = _table_of_sections(annotation)
+        if entries is not None:
+            next(parts, None)
+            model = entries
+            continue
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

@@ -118,6 +118,9 @@ def _routing(pools: Sequence[PoolRoute], router: Path | None) -> str:
         "map $uri $onnxpool_pool {",
         f"    default {ANY_POOL};",
     ]
+    # The API page and its document describe one model: the first one's.
+    lines.append(f"    /openapi.json {pools[0].upstream};")
+    lines.append(f'    "~^/docs(/|$)" {pools[0].upstream};')
     for route, owners in shared_routes(pools).items():
         if route == EMBEDDINGS_ROUTE and len(owners) > 1:
             continue  # the body names the model: route_by_model.js
