@@ -126,6 +126,10 @@ def _nginx(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
+    if settings.models:
+        print("onnxpool: error: this file names several models: `onnxpool serve` runs their nginx itself, "
+              "on [server] bind", file=sys.stderr)  # fmt: skip
+        return 1
     if not settings.nginx.pidfile:
         print("onnxpool: error: set [nginx] pidfile (e.g. /run/onnxpool/nginx/nginx.pid): nginx's files go beside it",
               file=sys.stderr)  # fmt: skip
