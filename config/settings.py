@@ -221,8 +221,8 @@ class ModelEntry(ModelSettings):
     """Use the response cache (`[cache]`) for this model's replies."""
 
     traffic: float = Field(default=1.0, gt=0)
-    """This model's share of the requests, relative to the others' (`onnxpool tune --models`
-    sizes the budgets for this mix)."""
+    """This model's share of the requests, relative to the others' (`onnxpool tune` on this file
+    sizes the budgets for this mix; its `--traffic` replaces it for a run)."""
 
     optional: bool = False
     """true: a missing model file is one line in the log and the other models serve (the zoo's

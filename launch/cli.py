@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         (
             "tune",
-            "measure the worker layouts and recommend (or --write) the best",
+            "measure the worker layouts (several models: their budgets) and recommend (or --write) the best",
             bench_cli.add_tune_arguments,
             bench_cli.tune_command,
         ),
