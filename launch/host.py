@@ -59,7 +59,7 @@ from onnxpool.workers.host_state import (
     read_pool_routes,
     write_host,
 )
-from onnxpool.workers.priority import Priority, choose
+from onnxpool.workers.priority import Priority, choose, renice_workers
 from onnxpool.workers.run_folder import RunFolder
 
 log = logging.getLogger("onnxpool.host")
@@ -162,14 +162,17 @@ class Host:
         return plans
 
     def _fingerprint(self, name: str, plan: ModelPlan) -> str:
-        """What a pool serves: a change (settings, its model file, its plan) replaces its workers on HUP."""
+        """What a pool serves: a change (settings, its model file, its plan) replaces its workers on HUP.
+
+        Its nice value is not part of it: it follows the neighbours' budgets (the heaviest worker is at
+        0), and a reload that changes only it renices the running workers (`reload`)."""
         raw = _read_raw(self.config_file)
         entry = self.settings.models[name]
         stat = entry.path.stat()
         document = {
             "view": pool_view(raw, name, self.config_file),
             "file": [stat.st_mtime_ns, stat.st_size],
-            "plan": [plan.budget, plan.layout.workers, plan.layout.threads, plan.nice],
+            "plan": [plan.budget, plan.layout.workers, plan.layout.threads],
         }
         return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -261,14 +264,14 @@ class Host:
                 )
             }
         )
+        # In the file's order, not the order the pools got ready in: a route that several models'
+        # tasks have (/predict), /docs and /openapi.json are the first model's.
         routes = [
             PoolRoute(
-                name=pool.name,
-                aliases=self.settings.models[pool.name].aliases,
-                address=pool.address,
-                routes=pool.routes,
+                name=name, aliases=entry.aliases, address=self.pools[name].address, routes=self.pools[name].routes
             )
-            for pool in self.pools.values()
+            for name, entry in self.settings.models.items()
+            if name in self.pools
         ]
         router = folder / "route_by_model.js"
         modules: list[Path] = []
@@ -340,8 +343,8 @@ class Host:
             self.priority.apply(plan)
         self._publish()  # the pools' workers read their nice value from it
         spawned = [self._spawn(name) for name in self.plans]
-        for pool in self._wait_ready(spawned):
-            self.pools[pool.name] = pool
+        ready = {pool.name: pool for pool in self._wait_ready(spawned)}
+        self.pools = {name: ready[name] for name in self.plans if name in ready}  # the file's order
         self._publish()
         self._start_nginx()
         log.info(
@@ -367,7 +370,7 @@ class Host:
         except (ConfigError, HostError, OSError) as exc:
             log.error("reload: keeping the running models: %s", exc)
             return
-        self.plans = plans
+        old_plans, self.plans = self.plans, plans
         removed = [pool for name, pool in self.pools.items() if name not in plans]
         for pool in removed:
             del self.pools[pool.name]
@@ -381,6 +384,10 @@ class Host:
                 log.info("reload: model %s changed: its workers are replaced", name)
                 pool.fingerprint = fingerprint
                 pool.process.send_signal(signal.SIGHUP)
+            elif self.priority.kind == "nice" and old_plans.get(name) and old_plans[name].nice != plans[name].nice:
+                reniced = renice_workers(pool.process.pid, plans[name].nice)
+                log.info("reload: model %s: nice %d for its %d workers (its neighbours' budgets changed)",
+                         name, plans[name].nice, len(reniced))  # fmt: skip
         try:
             for pool in self._wait_ready([self._spawn(name) for name in added]):
                 log.info("reload: model %s added", pool.name)

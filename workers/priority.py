@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from onnxpool.workers.budget import ModelPlan
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+STRAGGLER_SECONDS = 5.0
+"""How long the host waits for processes left in a model's cgroup once its pool has stopped."""
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,18 @@ class Priority:
         if group is not None:
             (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
 
-    def remove(self, model: str | None = None) -> None:
-        """Host: remove a model's cgroup (or all of them and the host's) once its processes are gone."""
+    def remove(self, model: str | None = None, wait: float = STRAGGLER_SECONDS) -> None:
+        """Host: remove a model's cgroup (or all of them and the host's) once its pools have stopped.
+
+        A process still in it outlived its pool's master (a master that died leaves its workers,
+        which notice only after gunicorn's timeout / 2): it is asked to stop (SIGTERM, nginx no
+        longer routes to it) and given `wait` seconds, else its cgroup stays behind."""
         if self.folder is None:
             return
         groups = [self.folder / model] if model else [p for p in self.folder.iterdir() if p.is_dir()]
+        deadline = time.monotonic() + wait
         for group in groups:
+            _stop_stragglers(group, deadline)
             with contextlib.suppress(OSError):
                 group.rmdir()
         if model is None:
@@ -73,8 +84,41 @@ class Priority:
                 self.folder.rmdir()
 
 
+def _stop_stragglers(group: Path, deadline: float) -> None:
+    """SIGTERM whatever is left in `group` and wait for it to leave (until `deadline`)."""
+    procs = group / "cgroup.procs"
+    try:
+        left = procs.read_text().split()
+    except OSError:
+        return
+    own = str(os.getpid())
+    for pid in left:
+        if pid != own:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid), signal.SIGTERM)
+    while [pid for pid in left if pid != own] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            left = procs.read_text().split()
+        except OSError:
+            return
+
+
 HOST_GROUP = "host"
 """cgroup v2: the host process's own leaf, when it must leave its cgroup to delegate it."""
+
+
+def renice_workers(master: int, nice: int) -> list[int]:
+    """Host, on a reload that changes only a model's nice value: set it on its running workers (the
+    children of its pool's master) instead of replacing them; workers forked later read it at fork."""
+    changed = []
+    for task in Path(f"/proc/{master}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for pid in map(int, task.read_text().split()):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, pid, nice)
+                    changed.append(pid)
+    return changed
 
 
 def apply_nice(nice: int) -> None:
