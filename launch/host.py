@@ -20,6 +20,7 @@ Process rules (docs/ARCHITECTURE.md, "Several models"):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +112,8 @@ class Host:
         self.starting: list[Pool] = []
         """Pools spawned and not ready yet (stopped with the host if it stops meanwhile)."""
         self.signals: list[int] = []
+        # Only this process talks to systemd: the pools' masters must not see the socket.
+        self.notify_socket = os.environ.pop("NOTIFY_SOCKET", "")
 
     @property
     def settings(self) -> Settings:
@@ -335,6 +339,17 @@ class Host:
 
     # -- life cycle -----------------------------------------------------------------------
 
+    def notify(self, state: str) -> None:
+        """systemd's readiness protocol (`Type=notify`): the host is the unit's main process, so it says
+        READY=1 once the front door is up (its pools' masters would, but NotifyAccess=main ignores them)."""
+        address = self.notify_socket
+        if not address:
+            return
+        if address.startswith("@"):
+            address = "\0" + address[1:]  # an abstract socket
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+
     def start(self) -> None:
         if self.priority.kind == "nice":
             log.info("budgets are held by nice values per worker (%s)", self.priority.why)
@@ -347,6 +362,7 @@ class Host:
         self.pools = {name: ready[name] for name in self.plans if name in ready}  # the file's order
         self._publish()
         self._start_nginx()
+        self.notify("READY=1")
         log.info(
             "front door: nginx on %s routes %d models: %s",
             self.settings.server.bind,
@@ -433,9 +449,12 @@ class Host:
                 signum = self.signals.pop(0)
                 if signum == signal.SIGHUP:
                     log.info("reload: re-reading %s", self.config_file)
+                    self.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
                     self.reload()
+                    self.notify("READY=1")
                 else:
                     log.info("stopping (%s): nginx first, then the pools", signal.Signals(signum).name)
+                    self.notify("STOPPING=1")
                     self.stop(graceful=signum != signal.SIGINT)
                     return 0
             for name, pool in self.pools.items():

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -243,11 +244,13 @@ def serve_argv(config: Path) -> list[str]:
     return [sys.executable, "-m", "onnxpool.cli", "serve", "--config", str(config)]
 
 
-def start_host(folder: Path, config: Path, *, cores: int | None = None) -> Host:
+def start_host(
+    folder: Path, config: Path, *, cores: int | None = None, env_extra: dict[str, str] | None = None
+) -> Host:
     """`onnxpool serve` on `config` (bound to a free port); `cores`: under taskset, on that many cores
     (a file whose models have "auto" workers then starts as many as on a machine of that size)."""
     port = free_port()
-    env = clean_env({"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
+    env = clean_env({"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1", **(env_extra or {})})
     log_path = folder / f"host-{port}.log"
     argv = serve_argv(config)
     if cores is not None and shutil.which("taskset"):
@@ -263,8 +266,10 @@ def start_host(folder: Path, config: Path, *, cores: int | None = None) -> Host:
 
 
 @contextlib.contextmanager
-def running_host(folder: Path, config: Path, cores: int | None = None) -> Iterator[Host]:
-    host = start_host(folder, config, cores=cores)
+def running_host(
+    folder: Path, config: Path, cores: int | None = None, env_extra: dict[str, str] | None = None
+) -> Iterator[Host]:
+    host = start_host(folder, config, cores=cores, env_extra=env_extra)
     try:
         yield host
     finally:
@@ -667,6 +672,28 @@ def test_a_dead_pool_master_stops_the_host(tmp_path: Path) -> None:
             assert not group[2].parent.exists(), "the host left its cgroups behind"
     finally:
         host.stop()
+
+
+def test_the_host_tells_systemd_when_it_is_ready(tmp_path: Path) -> None:
+    """`Type=notify`: the host (the unit's main process) says READY=1 once the front door is up, and
+    RELOADING=1 then READY=1 around a HUP; its pools' masters never write to the socket."""
+    config = write_settings(tmp_path / "host.toml", iris_table("iris", one_worker(0.25)))
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(60)
+        with running_host(tmp_path, config, env_extra={"NOTIFY_SOCKET": str(path)}) as host:
+            assert listener.recv(4096) == b"READY=1"
+            assert kserve(host, "iris").status_code == 200
+            host.server.process.send_signal(signal.SIGHUP)
+            assert listener.recv(4096).startswith(b"RELOADING=1\nMONOTONIC_USEC=")
+            assert listener.recv(4096) == b"READY=1"
+            host.server.process.send_signal(signal.SIGTERM)
+            assert listener.recv(4096) == b"STOPPING=1"
+            host.server.process.wait(60)
+            listener.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                listener.recv(4096)  # nothing from the pools' masters
 
 
 # --- the shipped zoo ------------------------------------------------------------------------------
