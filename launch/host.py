@@ -354,8 +354,7 @@ class Host:
         if self.priority.kind == "nice":
             log.info("budgets are held by nice values per worker (%s)", self.priority.why)
         self.plans = self._plan(self.loaded)
-        for plan in self.plans.values():
-            self.priority.apply(plan)
+        self.priority.apply(self.plans.values())
         self._publish()  # the pools' workers read their nice value from it
         spawned = [self._spawn(name) for name in self.plans]
         ready = {pool.name: pool for pool in self._wait_ready(spawned)}
@@ -391,8 +390,7 @@ class Host:
         for pool in removed:
             del self.pools[pool.name]
         added = [name for name in plans if name not in self.pools]
-        for plan in plans.values():
-            self.priority.apply(plan)
+        self.priority.apply(plans.values())
         self._publish()
         for name, pool in self.pools.items():
             fingerprint = self._fingerprint(name, plans[name])

@@ -84,8 +84,9 @@ def test_cgroup_v1_group_per_model(tmp_path: Path) -> None:
     assert priority.kind == "cgroup-v1"
     assert priority.folder == root / "cpu,cpuacct" / "user.slice" / "onnxpool-7"
     plan = plan_models({"text": entry(cpus=0.75)}, CpuAllowance((0, 1), None))["text"]
-    priority.apply(plan)
+    priority.apply([plan])
     assert (priority.folder / "text" / "cpu.shares").read_text() == "768\n"
+    assert (priority.folder / "cpu.shares").read_text() == "768\n"  # the host weighs its budgets' sum
     assert priority.describe(plan).startswith("cgroup v1 cpu.shares=768")
 
 
@@ -116,8 +117,9 @@ def test_cgroup_v2_delegated_enables_cpu_below_it(tmp_path: Path) -> None:
     assert priority.kind == "cgroup-v2", priority.why
     assert (own / "onnxpool-7" / "cgroup.subtree_control").read_text() == "+cpu\n"
     plan = plan_models({"image": entry(cpus=1.5)}, CpuAllowance((0, 1), None))["image"]
-    priority.apply(plan)
+    priority.apply([plan])
     assert (own / "onnxpool-7" / "image" / "cpu.weight").read_text() == "150\n"
+    assert (own / "onnxpool-7" / "cpu.weight").read_text() == "150\n"
 
 
 def test_no_cgroup_to_make_falls_back_to_nice(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from onnxpool.host import js_module
 from onnxpool.measure.paths import CAT_JPEG
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, Server, children_of, clean_env, free_port, parse_cpu_list, proc_status, spawn_logged
+from tests.slow_model import build_slow_model, infer_body
 from tests.text_models import build_encoder, build_text_model_folder, vocabulary
 from tests.tiny_models import build_tiny_model
 from tests.v2client import LoadRunner, binary_infer, parse_binary_reply
@@ -672,6 +674,45 @@ def test_a_dead_pool_master_stops_the_host(tmp_path: Path) -> None:
             assert not group[2].parent.exists(), "the host left its cgroups behind"
     finally:
         host.stop()
+
+
+def test_a_flooded_model_sheds_its_own_excess_and_the_others_do_not(tmp_path: Path) -> None:
+    """Shedding is per model: the slow model's queue (its own max_queue_ms, nginx stamps X-Request-Start)
+    overflows into 503s while iris, looped on meanwhile, answers every request."""
+    slow = build_slow_model(tmp_path / "slow.onnx")
+    config = write_settings(
+        tmp_path / "host.toml",
+        f'[models.slow]\npath = "{slow}"\ntask = "tensors"\nwarmup_runs = 1\n{one_worker(1.0)}'
+        "[models.slow.limits]\nmax_queue_ms = 100\n",
+        iris_table("iris", one_worker(1.0)),
+    )
+    with running_host(tmp_path, config) as host:
+        deadline = time.monotonic() + 3.0
+        slow_statuses: list[int] = []
+        iris_statuses: list[int] = []
+        lock = threading.Lock()
+
+        def flood() -> None:
+            with requests.Session() as session:
+                while time.monotonic() < deadline:
+                    reply = session.post(host.url + "/v2/models/slow/infer", json=infer_body(50_000), timeout=30)
+                    with lock:
+                        slow_statuses.append(reply.status_code)
+
+        threads = [threading.Thread(target=flood) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        with requests.Session() as session:
+            while time.monotonic() < deadline:
+                iris_statuses.append(kserve_with(session, host).status_code)
+        for thread in threads:
+            thread.join(30)
+    assert set(slow_statuses) == {200, 503} and slow_statuses.count(503) > 0, sorted(set(slow_statuses))
+    assert iris_statuses and set(iris_statuses) == {200}, sorted(set(iris_statuses))
+
+
+def kserve_with(session: requests.Session, host: Host) -> requests.Response:
+    return session.post(f"{host.url}/v1/models/iris:predict", json={"instances": [SETOSA]}, timeout=30)
 
 
 def test_the_host_tells_systemd_when_it_is_ready(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +49,28 @@ class Priority:
             return f"cgroup v1 cpu.shares={plan.cgroup_v1_shares} ({group})"
         return f"nice {plan.nice} per worker"
 
-    def apply(self, plan: ModelPlan) -> None:
-        """Host: make the model's cgroup (if any) and write its weight (at start and on reload)."""
-        group = self.group(plan.name)
-        if group is None:
+    def apply(self, plans: Iterable[ModelPlan]) -> None:
+        """Host: make each model's cgroup (if any) and write its weight (at start and on reload).
+
+        The host's own cgroup, the models' parent, weighs their budgets together: one cgroup at the
+        default weight would weigh as ONE process at nice 0 against everything outside it (nginx,
+        a load generator, the host's other services), whatever the budgets; summed, onnxpool weighs
+        what a one-model server with a worker per budgeted core would."""
+        if self.folder is None:
             return
-        group.mkdir(exist_ok=True)
+        plans = list(plans)
+        total = sum(plan.budget for plan in plans)
         if self.kind == "cgroup-v2":
-            (group / "cpu.weight").write_text(f"{plan.cgroup_v2_weight}\n")
+            (self.folder / "cpu.weight").write_text(f"{max(1, min(10000, round(total * 100)))}\n")
         else:
-            (group / "cpu.shares").write_text(f"{plan.cgroup_v1_shares}\n")
+            (self.folder / "cpu.shares").write_text(f"{max(2, min(262144, round(total * 1024)))}\n")
+        for plan in plans:
+            group = self.folder / plan.name
+            group.mkdir(exist_ok=True)
+            if self.kind == "cgroup-v2":
+                (group / "cpu.weight").write_text(f"{plan.cgroup_v2_weight}\n")
+            else:
+                (group / "cpu.shares").write_text(f"{plan.cgroup_v1_shares}\n")
 
     def join(self, model: str) -> None:
         """In the pool's process before exec: move this process into its model's cgroup."""
