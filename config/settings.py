@@ -16,6 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Auto = Literal["auto"]
 
 
+def _positive_or_auto(value: int | str) -> int | str:
+    """workers, threads_per_worker: a positive count or "auto" ([server] and [models.<name>])."""
+    if isinstance(value, int) and value < 1:
+        raise ValueError('must be a positive integer or "auto"')
+    return value
+
+
 def _check_bind(value: str) -> str:
     """`HOST:PORT` or `unix:/path.sock` (server.bind, nginx.upstreams)."""
     if value.startswith("unix:"):
@@ -99,17 +106,8 @@ class ServerSettings(Section):
     the system temp dir. One writable folder (a tmpfs) is all a read-only root filesystem
     needs. Read at start, not on HUP."""
 
-    @field_validator("workers", "threads_per_worker")
-    @classmethod
-    def _positive_or_auto(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError('must be a positive integer or "auto"')
-        return value
-
-    @field_validator("bind")
-    @classmethod
-    def _bind_shape(cls, value: str) -> str:
-        return _check_bind(value)
+    _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
+    _bind = field_validator("bind")(_check_bind)
 
     @field_validator("run_dir")
     @classmethod
@@ -242,12 +240,7 @@ class ModelEntry(ModelSettings):
             raise ValueError('must be a positive number of cores (e.g. 0.5, 2) or "auto"')
         return value
 
-    @field_validator("workers", "threads_per_worker")
-    @classmethod
-    def _positive_or_auto(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError('must be a positive integer or "auto"')
-        return value
+    _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
 
     @field_validator("bind")
     @classmethod

@@ -58,6 +58,20 @@ def _errors(*statuses: str, auth: bool) -> dict[str, Schema]:
     return {s: _error(s) for s in sorted(set(wanted))}
 
 
+def _model_state(**fields: Schema) -> Schema:
+    """One model of the host (GET /v2/models, Triton's repository index): its name, state, why, and `fields`."""
+    return {
+        "type": "object",
+        "required": ["name", *fields, "state"],
+        "properties": {
+            "name": {"type": "string"},
+            **fields,
+            "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+            "reason": {"type": "string"},
+        },
+    }
+
+
 def _schemas() -> dict[str, Schema]:
     datatype = {"type": "string", "enum": list(V2_TO_NUMPY)}
     shape = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -92,33 +106,14 @@ def _schemas() -> dict[str, Schema]:
             "properties": {
                 "models": {
                     "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "versions", "aliases", "state"],
-                        "properties": {
-                            "name": {"type": "string"},
-                            "versions": {"type": "array", "items": {"type": "string"}},
-                            "aliases": {"type": "array", "items": {"type": "string"}},
-                            "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
-                            "reason": {"type": "string"},
-                        },
-                    },
+                    "items": _model_state(
+                        versions={"type": "array", "items": {"type": "string"}},
+                        aliases={"type": "array", "items": {"type": "string"}},
+                    ),
                 }
             },
         },
-        "RepositoryIndex": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["name", "version", "state", "reason"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "version": {"type": "string"},
-                    "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
-                    "reason": {"type": "string"},
-                },
-            },
-        },
+        "RepositoryIndex": {"type": "array", "items": _model_state(version={"type": "string"})},
         "ModelReady": {
             "type": "object",
             "required": ["name", "ready"],
