@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # onnxpool container image: the wheel built from this checkout, installed into a
 # virtual environment on a slim Debian base, plus Debian's nginx-light (the pod's
-# second container runs it: one image to build and scan). docs/DEPLOYING.md has
+# second container runs it; a several-model host, the zoo pod, starts it itself) and
+# nginx's js module: one image to build and scan. docs/DEPLOYING.md has
 # the commands, including making the base image on a machine without a registry
 # (deploy/container/base-image.sh).
 #
@@ -71,12 +72,16 @@ RUN --mount=type=secret,id=host-ca \
 # -------------------------------------------------------------- runtime stage
 FROM ${BASE_IMAGE} AS runtime
 
-# python3 for onnxpool; nginx-light for the pod's nginx container (`onnxpool nginx`).
+# python3 for onnxpool; nginx-light for the pod's nginx container (`onnxpool nginx`) and
+# for the nginx a several-model host starts (`onnxpool serve` on a file with [models.<name>]
+# tables: the zoo overlay); its js module (~1 MB) for such a host with several text-embedding
+# models, whose nginx routes /v1/embeddings by the body's `model` (config/nginx/route_by_model.js).
 # No apt lists or .deb files are left in the layer.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3=3.11.2-1+b1 \
       nginx-light=1.22.1-9+deb12u11 \
+      libnginx-mod-http-js=0.7.9-2 \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log
 
@@ -86,12 +91,17 @@ COPY deploy/container/onnxpool.toml /etc/onnxpool/onnxpool.toml
 # /models: the demo model's files (package data) linked in; the image's settings
 # (/etc/onnxpool/onnxpool.toml) serve /models/model.onnx, so a folder mounted
 # over /models replaces the demo entirely. Found by name, wherever the package keeps it.
+# /opt/onnxpool/models: the package's demo models folder (efficientnet-lite0, iris) by a
+# fixed path, for settings that name several of them (the zoo and scale-out overlays).
 RUN model="$(find /opt/onnxpool/lib -path '*/efficientnet-lite0/model.onnx' -print -quit)" \
  && test -n "$model" \
  && mkdir -p /run/onnxpool /models \
  && ln -s "$model" /models/model.onnx \
  && ln -s "$(dirname "$model")/labels.txt" /models/labels.txt \
  && test -s /models/labels.txt \
+ && ln -s "$(dirname "$(dirname "$model")")" /opt/onnxpool/models \
+ && test -s /opt/onnxpool/models/iris/model.onnx \
+ && test -s /opt/onnxpool/models/iris/labels.txt \
  && chown 10001:10001 /run/onnxpool \
  && chmod 0700 /run/onnxpool
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,11 @@ ENV_PREFIX = "ONNXPOOL_"
 ENV_CONFIG_FILE = "ONNXPOOL_CONFIG"
 # Not a setting: read CPU flags from this file instead of /proc/cpuinfo (workers/cpu_fit.py).
 ENV_CPUINFO = "ONNXPOOL_CPUINFO"
+# Not settings: set by `onnxpool serve` on a file with several models for each pool it starts
+# (onnxpool.host): which `[models.<name>]` this process serves, and the host's run folder.
+ENV_POOL = "ONNXPOOL_POOL"
+ENV_HOST_DIR = "ONNXPOOL_HOST_DIR"
+NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, ENV_CPUINFO, ENV_POOL, ENV_HOST_DIR})
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG_FILE = CONFIG_DIR / "onnxpool.toml"
 # Settings whose values are file paths: relative ones are resolved against the
@@ -99,11 +105,19 @@ def load_settings(
     path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    pool: str | None = None,
 ) -> LoadedSettings:
-    """Read, merge and validate settings; raise ConfigError with a one-line message."""
+    """Read, merge and validate settings; raise ConfigError with a one-line message.
+
+    A file with `[models.<name>]` tables serves several models: loaded as it is, it is the host's
+    settings (`settings.models`); with `pool` (or $ONNXPOOL_POOL) it is what that model's pool
+    serves, its `[models.<name>]` seen as `[model]` (`pool_view`)."""
     env = os.environ if environ is None else environ
     config_file = config_path_from(path, env).resolve()
     file_values = _read_toml(config_file)
+    if MODELS_TABLE in file_values:
+        pool = env.get(ENV_POOL) if pool is None else pool
+        file_values = pool_view(file_values, pool, config_file) if pool else _host_view(file_values, config_file)
     env_values = _read_env(env)
     merged: dict[str, Any] = {}
     sources: dict[Key, str] = {}
@@ -139,6 +153,69 @@ def load_settings(
         moved_to_task=frozenset(key[1] for key, where in sources.items() if key[0] == TASK_TABLE and key in moved),
         task_path_bases=bases,
     )
+
+
+MODELS_TABLE = "models"
+TASKS_TABLE = "tasks"
+
+
+def _host_view(values: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """A several-model file as the host reads it: model paths resolved, `[model]`/`[task]` refused."""
+    for table in ("model", TASK_TABLE):
+        if table in values:
+            raise ConfigError(
+                f"config file {config_file}: [{table}] and [models.<name>] together; with several models "
+                f"each has its own [models.<name>] (and [tasks.<name>]) table"
+            )
+    for key in ("workers", "threads_per_worker"):
+        if key in values.get("server", {}):
+            raise ConfigError(f"config file {config_file}: [server] {key} is per model with several models: "
+                              f"set it in [models.<name>]")  # fmt: skip
+    models = values[MODELS_TABLE]
+    if not isinstance(models, dict) or not models:
+        raise ConfigError(f"config file {config_file}: [models] names no model; add a [models.<name>] table")
+    for entry in models.values():
+        if isinstance(entry, dict):
+            for key in ("path", "cpu_variants"):
+                if key in entry:
+                    entry[key] = _resolve_path(("model", key), entry[key], config_file.parent)
+    return values
+
+
+def pool_view(values: Mapping[str, Any], name: str, config_file: Path | None = None) -> dict[str, Any]:
+    """What the pool of model `name` serves from a several-model file: a one-model settings tree.
+
+    `[models.<name>]` becomes `[model]` (named `name`), `[tasks.<name>]` becomes `[task]`, its
+    `limits` table overrides `[limits]`, `cache = false` turns `[cache]` off for it, its workers
+    and threads are `[server]`'s and its `bind` the pool's address. The host's own keys (budget,
+    traffic, optional) stay out: they are the host's plan (onnxpool.host).
+    """
+    from onnxpool.config.settings import HOST_ONLY_KEYS
+
+    models = values.get(MODELS_TABLE, {})
+    if not isinstance(models, Mapping) or name not in models:
+        known = ", ".join(models) if isinstance(models, Mapping) else "none"
+        raise ConfigError(f"config file {config_file}: no [models.{name}] (models: {known})")
+    entry = dict(models[name])
+    if "name" in entry:
+        raise ConfigError(f"config file {config_file}: [models.{name}] name: the table's name is the model's name")
+    view = {key: value for key, value in values.items() if key not in (MODELS_TABLE, TASKS_TABLE)}
+    host = {key: entry.pop(key) for key in list(entry) if key in HOST_ONLY_KEYS}
+    view["model"] = {**entry, "name": name}
+    tasks = values.get(TASKS_TABLE, {})
+    view[TASK_TABLE] = dict(tasks.get(name, {})) if isinstance(tasks, Mapping) else {}
+    if host.get("limits"):
+        view["limits"] = {**values.get("limits", {}), **host["limits"]}
+    if host.get("cache") is False:
+        view["cache"] = {**values.get("cache", {}), "enabled": False}
+    server = dict(values.get("server", {}))
+    for key in ("workers", "threads_per_worker"):
+        if key in host:
+            server[key] = host[key]
+    if host.get("bind"):
+        server["bind"] = host["bind"]
+    view["server"] = server
+    return view
 
 
 def _move_task_keys(merged: dict[str, Any], sources: dict[Key, str]) -> tuple[list[str], set[Key]]:
@@ -210,7 +287,7 @@ def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
     known = set(_schema_keys(Settings))
     found: dict[Key, tuple[str, Any]] = {}
     for var, raw in environ.items():
-        if not var.startswith(ENV_PREFIX) or var in (ENV_CONFIG_FILE, ENV_CPUINFO):
+        if not var.startswith(ENV_PREFIX) or var in NOT_SETTINGS:
             continue
         key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
         moved = key[0] == "model" and len(key) > 1 and key[1] in MOVED_TO_TASK
@@ -280,15 +357,32 @@ def _schema_key_of(loc: tuple[int | str, ...], root: type[BaseModel] = Settings)
     """The longest prefix of a pydantic error location that is a settings key or section."""
     model: type[BaseModel] | None = root
     key: list[str] = []
-    for part in loc:
+    parts = iter(loc)
+    for part in parts:
         if model is None or not isinstance(part, str):
             break
         key.append(part)
         info = model.model_fields.get(part)
         annotation = info.annotation if info else None
+        entries = _table_of_sections(annotation)
+        if entries is not None:  # `[models.<name>]`: the name, then that section's keys
+            name = next(parts, None)
+            if not isinstance(name, str):
+                break
+            key.append(name)
+            model = entries
+            continue
         is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         model = annotation if is_section else None  # type: ignore[assignment]
     return tuple(key)
+
+
+def _table_of_sections(annotation: Any) -> type[BaseModel] | None:
+    """The section type of a `dict[str, Section]` field (`models`), else None."""
+    if typing.get_origin(annotation) is not dict:
+        return None
+    value = typing.get_args(annotation)[1]
+    return value if isinstance(value, type) and issubclass(value, BaseModel) else None
 
 
 def _lookup(tree: Mapping[str, Any], key: Key) -> Any:
@@ -331,7 +425,7 @@ def describe_validation_error(
     parts = []
     for key, messages in problems.items():
         dotted = ".".join(key) or "settings"
-        if messages[0].startswith("unknown key"):
+        if messages[0].startswith("unknown key") or not key:
             parts.append(f"{dotted}: {messages[0]}")
             continue
         value = "<hidden>" if key in SECRET_KEYS else _lookup(merged, key)
@@ -342,9 +436,15 @@ def describe_validation_error(
 
 def _section_model(section: Key, root: type[BaseModel] = Settings) -> type[BaseModel] | None:
     model: type[BaseModel] = root
-    for part in section:
+    parts = iter(section)
+    for part in parts:
         info = model.model_fields.get(part)
         annotation = info.annotation if info else None
+        entries = _table_of_sections(annotation)
+        if entries is not None:
+            next(parts, None)
+            model = entries
+            continue
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation

@@ -11,9 +11,16 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Auto = Literal["auto"]
+
+
+def _positive_or_auto(value: int | str) -> int | str:
+    """workers, threads_per_worker: a positive count or "auto" ([server] and [models.<name>])."""
+    if isinstance(value, int) and value < 1:
+        raise ValueError('must be a positive integer or "auto"')
+    return value
 
 
 def _check_bind(value: str) -> str:
@@ -82,6 +89,13 @@ class ServerSettings(Section):
     pidfile: str = ""
     """Write the master's pid here ("" = no pidfile)."""
 
+    budgets: Literal["auto", "cgroup", "nice"] = "auto"
+    """Several models (`[models.<name>]`): how each model's budget (`cpus`) is held under contention.
+    "cgroup": a cgroup per model with a CPU weight (cgroup v2 `cpu.weight` where the host delegates a
+    cgroup, e.g. systemd `Delegate=yes`; v1 `cpu.shares` as root), refusing to start without one;
+    "nice": a nice value per worker, scaled by the model's worker count; "auto": a cgroup when this
+    host allows one, else nice values (docs/ARCHITECTURE.md, "Several models")."""
+
     docs: bool = True
     """Serve the API page (Swagger UI over /openapi.json, try-it-out included) at GET /docs; it needs no key."""
 
@@ -92,17 +106,8 @@ class ServerSettings(Section):
     the system temp dir. One writable folder (a tmpfs) is all a read-only root filesystem
     needs. Read at start, not on HUP."""
 
-    @field_validator("workers", "threads_per_worker")
-    @classmethod
-    def _positive_or_auto(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError('must be a positive integer or "auto"')
-        return value
-
-    @field_validator("bind")
-    @classmethod
-    def _bind_shape(cls, value: str) -> str:
-        return _check_bind(value)
+    _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
+    _bind = field_validator("bind")(_check_bind)
 
     @field_validator("run_dir")
     @classmethod
@@ -126,6 +131,11 @@ class ModelSettings(Section):
     the `[task]` table, checked by the task."""
     name: str = Field(default="efficientnet-lite0", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     """Name in URLs (/v2/models/{name}); letters, digits, `_ . -`."""
+
+    aliases: tuple[str, ...] = ()
+    """Other names clients may use for this model, in URLs and in a request body's `model` (an OpenAI
+    client's): e.g. its Hugging Face id, `sentence-transformers/all-MiniLM-L6-v2`. Replies and metrics
+    say `name`. Letters, digits, `_ . -` and `/`."""
 
     version: str = Field(default="1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     """Version reported in metadata and accepted in /versions/{v} URLs."""
@@ -171,6 +181,75 @@ class ModelSettings(Section):
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""
+
+    @field_validator("aliases")
+    @classmethod
+    def _alias_shapes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for alias in value:
+            if not ALIAS_PATTERN.fullmatch(alias):
+                raise ValueError(f"alias {alias!r}: letters, digits, '_ . -' and '/' only (not first), at most 128")
+        if len(set(value)) != len(value):
+            raise ValueError("an alias is listed twice")
+        return value
+
+
+MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+ALIAS_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,127}")
+
+
+class ModelEntry(ModelSettings):
+    """`[models.<name>]`: one model of a host that serves several (`onnxpool serve` runs one pool of
+    workers per model behind nginx, docs/ARCHITECTURE.md). Every `[model]` key but `name` (the
+    table's name is the model's), plus the model's budget and what its pool takes from the shared
+    sections. Its task's settings are `[tasks.<name>]`."""
+
+    cpus: float | Auto = "auto"
+    """The model's budget: the cores' worth it keeps when every model is busy (its scheduler weight);
+    idle neighbours lend it theirs. "auto" = workers x threads_per_worker when those are set, else an
+    equal share of what the other budgets leave."""
+
+    workers: int | Auto = "auto"
+    """This model's worker processes; "auto" = enough to use every usable core (so that it can
+    borrow idle ones), i.e. usable cores / threads_per_worker."""
+
+    threads_per_worker: int | Auto = "auto"
+    """onnxruntime intra-op threads per worker of this model; "auto" = 1 (or cores / workers)."""
+
+    cache: bool = True
+    """Use the response cache (`[cache]`) for this model's replies."""
+
+    traffic: float = Field(default=1.0, gt=0)
+    """This model's share of the requests, relative to the others' (`onnxpool tune` on this file
+    sizes the budgets for this mix; its `--traffic` replaces it for a run)."""
+
+    optional: bool = False
+    """true: a missing model file is one line in the log and the other models serve (the zoo's
+    MiniLM, built by `make minilm`); false: it stops the start like any settings error."""
+
+    bind: str = ""
+    """This model's pool's own address (`HOST:PORT` or `unix:/path.sock`), for an nginx of your
+    own (`onnxpool nginx-config`); "" = a socket in the run folder that only the front door uses."""
+
+    limits: dict[str, Any] = Field(default_factory=dict)
+    """`[models.<name>.limits]`: `[limits]` keys that differ for this model (e.g. max_queue_ms)."""
+
+    @field_validator("cpus")
+    @classmethod
+    def _positive_cpus(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and not 0 < value <= 4096:
+            raise ValueError('must be a positive number of cores (e.g. 0.5, 2) or "auto"')
+        return value
+
+    _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
+
+    @field_validator("bind")
+    @classmethod
+    def _bind_shape(cls, value: str) -> str:
+        return value and _check_bind(value)
+
+
+HOST_ONLY_KEYS = frozenset(set(ModelEntry.model_fields) - set(ModelSettings.model_fields))
+"""`[models.<name>]` keys that are the host's (budget, cache, bind...), not the pool's `[model]`."""
 
 
 class LimitsSettings(Section):
@@ -405,3 +484,23 @@ class Settings(Section):
     cache: CacheSettings = CacheSettings()
     task: dict[str, Any] = Field(default_factory=dict)
     """`[task]`: the settings of `[model] task`, validated by the task's own model when it is built."""
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    """`[models.<name>]`: the models of a host that serves several (each pool sees its own as
+    `[model]`, config.loader); empty = this file serves `[model]` alone."""
+    tasks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """`[tasks.<name>]`: the `[task]` table of each of `[models]`."""
+
+    @model_validator(mode="after")
+    def _several_models(self) -> Settings:
+        names: dict[str, str] = {}
+        for name, entry in self.models.items():
+            if not MODEL_NAME_PATTERN.fullmatch(name):
+                raise ValueError(f"[models.{name}]: a model name is letters, digits, '_ . -' (not first), <= 128")
+            for known in (name, *entry.aliases):
+                if names.get(known, name) != name:
+                    raise ValueError(f"[models.{name}]: the name {known!r} is already {names[known]}'s")
+                names[known] = name
+        for name in self.tasks:
+            if name not in self.models:
+                raise ValueError(f"[tasks.{name}] names no model (models: {', '.join(self.models) or 'none'})")
+        return self

@@ -11,7 +11,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from onnxpool.config.loader import ENV_CONFIG_FILE, SECRET_KEYS, ConfigError, config_file_named, load_settings
+from onnxpool.config.loader import (
+    ENV_CONFIG_FILE,
+    SECRET_KEYS,
+    ConfigError,
+    config_file_named,
+    config_path_from,
+    load_settings,
+)
 from onnxpool.config.nginx import render_site, upstream_servers
 from onnxpool.server.auth import mask_key
 
@@ -21,6 +28,17 @@ GUNICORN_CONF = Path(__file__).resolve().with_name("gunicorn_conf.py")
 
 def _serve(args: argparse.Namespace) -> int:
     """Replace this process with gunicorn running gunicorn.conf.py (same pid, same signals)."""
+    config_file = config_path_from(args.config, os.environ).resolve()
+    if _names_several_models(config_file):
+        if args.workers or args.threads_per_worker:
+            print("onnxpool: error: with several models, workers and threads are per model: "
+                  "[models.<name>] workers / threads_per_worker", file=sys.stderr)  # fmt: skip
+            return 1
+        if args.bind:
+            os.environ["ONNXPOOL_SERVER__BIND"] = args.bind
+        from onnxpool import host
+
+        return host.serve_models(config_file)
     env = dict(os.environ)
     # onnxruntime (1.2x+) sends usage telemetry and writes a device id and an event database
     # under $HOME/.cache/Microsoft unless told not to; a server has no business doing either.
@@ -38,6 +56,17 @@ def _serve(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)]
     os.execve(sys.executable, argv, env)
     return 0  # not reached
+
+
+def _names_several_models(config_file: Path) -> bool:
+    """A settings file with `[models.<name>]` tables: `serve` runs a host (one pool per model + nginx)."""
+    import tomllib
+
+    try:
+        with config_file.open("rb") as handle:
+            return "models" in tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # gunicorn's config load reports it, in one line
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -97,6 +126,10 @@ def _nginx(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
+    if settings.models:
+        print("onnxpool: error: this file names several models: `onnxpool serve` runs their nginx itself, "
+              "on [server] bind", file=sys.stderr)  # fmt: skip
+        return 1
     if not settings.nginx.pidfile:
         print("onnxpool: error: set [nginx] pidfile (e.g. /run/onnxpool/nginx/nginx.pid): nginx's files go beside it",
               file=sys.stderr)  # fmt: skip
@@ -150,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         (
             "tune",
-            "measure the worker layouts and recommend (or --write) the best",
+            "measure the worker layouts (several models: their budgets) and recommend (or --write) the best",
             bench_cli.add_tune_arguments,
             bench_cli.tune_command,
         ),

@@ -44,14 +44,16 @@ from typing import TYPE_CHECKING, Any
 from gunicorn.http.body import LengthReader
 
 from onnxpool import drain, wire
-from onnxpool.config.loader import ConfigError, load_settings
+from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
+from onnxpool.workers.host_state import read_host, write_pool_routes
 from onnxpool.workers.memory import MemoryProbe, ProcessMemory, read_memory
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
+from onnxpool.workers.priority import apply_nice
 from onnxpool.workers.run_folder import RunFolder
 from onnxpool.workers.session import RUNTIME
 
@@ -169,7 +171,25 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
         log.warning("%s", line)
     task = build_task(generation.loaded, generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
-    return create_app(settings, RUNTIME, plan, task)
+    host = host_dir()
+    if host is not None:  # one model of several: the host routes to this task's routes (onnxpool.host)
+        write_pool_routes(host, settings.model.name, task.routes)
+    return create_app(settings, RUNTIME, plan, task, host_dir=host)
+
+
+def host_dir() -> Path | None:
+    """The run folder of the host this master is one pool of (several models), else None."""
+    value = os.environ.get(ENV_HOST_DIR)
+    return Path(value) if value else None
+
+
+def _host_nice(settings: Settings) -> int:
+    """This model's nice value in the host's plan (0 on a one-model server, or with a cgroup)."""
+    host = host_dir()
+    if host is None:
+        return 0
+    model = read_host(host).model(settings.model.name)
+    return model.nice if model is not None else 0
 
 
 def _prepare_cache(settings: Settings, pool: Pool) -> Path | None:
@@ -295,6 +315,9 @@ def post_fork(server: Any, worker: Any) -> None:
         os.sched_setaffinity(0, layout.core_share_for(slot))
     else:  # the mask is wider than the quota: other pods' cores; let the kernel place us
         cores = f"unpinned ({_core_list(layout.cores)})"
+    # One model of several without a cgroup: its budget is this worker's weight (workers/budget.py).
+    nice = _host_nice(s.settings)
+    apply_nice(nice)
     model = s.settings.model
     report = RUNTIME.load(
         s.generation.model_file,
@@ -316,12 +339,13 @@ def post_fork(server: Any, worker: Any) -> None:
     runs = report.run_seconds
     memory = read_memory()
     log.info(
-        "worker ready: slot=%d pid=%d cores=%s threads=%d arena=%s model load %.0f ms, warm-up %d runs "
+        "worker ready: slot=%d pid=%d cores=%s threads=%d nice=%d arena=%s model load %.0f ms, warm-up %d runs "
         "(first %.1f ms, last %.1f ms); memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
         RUNTIME.intra_op_threads,
+        os.getpriority(os.PRIO_PROCESS, 0),
         RUNTIME.describe_arena(),
         report.load_seconds * 1000,
         len(runs),

@@ -261,31 +261,65 @@ def limit_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _traffic(text: str) -> dict[str, float]:
+    from onnxpool.measure.tune_models import parse_traffic
+
+    try:
+        return parse_traffic(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML settings file the servers are started with")
-    parser.add_argument("--budget", type=_seconds, default=120.0, help="time bound for the whole run (default 120s)")
+    parser.add_argument(
+        "--config",
+        help="TOML settings file the servers are started with; with [models.<name>] tables, each model is "
+        "measured and the budgets (cpus) for its traffic mix are recommended instead",
+    )
+    parser.add_argument(
+        "--budget", type=_seconds, default=120.0, help="time bound for the whole run, split across models (120s)"
+    )
     parser.add_argument(
         "--concurrency", type=positive, help="connections for the HTTP confirmation (default 2 x usable cores)"
     )
-    parser.add_argument("--batches", type=_steps, default=(1, 4, 8), help="batch sizes measured in-process (1,4,8)")
-    parser.add_argument("--top", type=positive, default=3, help="candidates confirmed over HTTP (default 3)")
-    parser.add_argument("--write", type=Path, help="update [server] workers/threads_per_worker in this TOML file")
+    parser.add_argument("--batches", type=_steps, help="batch sizes measured in-process (default 1,4,8)")
+    parser.add_argument("--top", type=positive, help="candidates confirmed over HTTP (default 3)")
+    parser.add_argument(
+        "--traffic",
+        type=_traffic,
+        metavar="NAME=SHARE,...",
+        help="several models: each named model's share of the requests (e.g. image=3,iris=1), instead of its "
+        "[models.<name>] traffic",
+    )
+    parser.add_argument(
+        "--write",
+        type=Path,
+        help="update [server] workers/threads_per_worker in this TOML file (several models: each [models.<name>] cpus)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from onnxpool.config.loader import ConfigError
+    from onnxpool.config.loader import ConfigError, load_settings
     from onnxpool.measure.progress import Progress
     from onnxpool.measure.tune import TuneOptions, format_ranking, run_tune, write_winner
 
     if args.write is not None and not args.write.is_file():
         return fail(f"--write {args.write}: no such file (tune updates an existing config)")
+    try:
+        several = bool(load_settings(args.config, pool="").settings.models)
+    except ConfigError as exc:
+        return fail(str(exc))
+    if several:
+        return _tune_models_command(args)
+    if args.traffic is not None:
+        return fail("--traffic: the settings name one model; traffic shares need [models.<name>] tables")
     options = TuneOptions(
         config=Path(args.config) if args.config else None,
         budget=args.budget,
         concurrency=args.concurrency,
-        batches=args.batches,
-        top=args.top,
+        batches=args.batches or (1, 4, 8),
+        top=args.top or 3,
     )
     try:
         result = run_tune(options, Progress(enabled=not args.quiet))
@@ -300,6 +334,33 @@ def tune_command(args: argparse.Namespace) -> int:
             f"wrote [server] workers = {result.winner.workers}, threads_per_worker = {result.winner.threads} "
             f"to {args.write}"
         )
+    return 0
+
+
+def _tune_models_command(args: argparse.Namespace) -> int:
+    """`onnxpool tune` on a file with several models: each model per core, the budgets for the mix."""
+    from onnxpool.config.loader import ConfigError
+    from onnxpool.measure.progress import Progress
+    from onnxpool.measure.tune_models import ModelsTuneOptions, format_models, run_tune_models, write_cpus
+
+    for flag, value in (("--concurrency", args.concurrency), ("--batches", args.batches), ("--top", args.top)):
+        if value is not None:
+            return fail(f"{flag} is for one model's layouts; with several models tune measures each model's budget")
+    options = ModelsTuneOptions(
+        config=Path(args.config) if args.config else None, budget=args.budget, traffic=args.traffic or {}
+    )
+    try:
+        result = run_tune_models(options, Progress(enabled=not args.quiet))
+    except (ConfigError, RuntimeError, TimeoutError, OSError, ValueError) as exc:
+        return fail(str(exc))
+    print(format_models(result))
+    if args.write is not None:
+        try:
+            write_cpus(args.write, result)
+        except (ValueError, OSError) as exc:
+            return fail(f"--write {args.write}: {exc}")
+        cpus = ", ".join(f"{name} {value:.2f}" for name, value in result.plan.cpus.items())
+        print(f"wrote cpus ({cpus}) to {args.write}")
     return 0
 
 

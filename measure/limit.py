@@ -1,5 +1,8 @@
 """`onnxpool limit MODEL`: the in-process upper bound for a model on this machine (no HTTP).
 
+Three pipelines: `raw` (inference of random tensors of the model's shape), `image` (JPEG decode +
+preprocessing + inference) and `task` (the served task's own requests, read -> run -> reply ->
+JSON, `measure.task_input`: what one request costs a worker, for `onnxpool tune` on several models).
 N processes, each pinned to its own core share exactly as gunicorn workers are
 (`workers.cores.Layout.core_share_for`), each running inferences back to back
 for the same window. What onnxpool serves over HTTP can approach this number,
@@ -19,9 +22,10 @@ import os
 import queue
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -29,8 +33,11 @@ from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.image.settings import PreprocessSettings
 from onnxpool.workers.cores import Layout
 
-Pipeline = Literal["raw", "image"]
-PIPELINES: tuple[Pipeline, ...] = ("raw", "image")
+if TYPE_CHECKING:
+    from onnxpool.config.loader import LoadedSettings
+
+Pipeline = Literal["raw", "image", "task"]
+PIPELINES: tuple[Pipeline, ...] = ("raw", "image", "task")
 
 
 def image_pipeline_available() -> bool:
@@ -55,6 +62,9 @@ class LimitPlan:
     """An .npz of the inputs to run (e.g. tokenized sentences) instead of random ones of the model's shape."""
     preprocess: PreprocessSettings = field(default_factory=PreprocessSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    settings: LoadedSettings | None = None
+    """The `task` pipeline: the settings whose task is built (as a worker builds it) and run on its
+    sample requests (`measure.task_input`); `batch` items per request."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class LimitResult:
     seconds: float
     calls: int
     latencies: np.ndarray
+    inputs: str = ""
+    """What each call ran on, when the pipeline says (the `task` pipeline: its sample requests)."""
 
     @property
     def items_per_second(self) -> float:
@@ -90,7 +102,8 @@ class LimitResult:
         }
 
 
-def _feeds(session: Any, batch: int) -> dict[str, np.ndarray]:
+def random_feeds(session: Any, batch: int) -> dict[str, np.ndarray]:
+    """Random inputs of the model's shapes (dynamic dims: `batch` first, 1 elsewhere), seeded."""
     from onnxpool.workers.model_info import static_shape
     from onnxpool.workers.session import model_info_of
 
@@ -118,10 +131,9 @@ def _limit_worker(plan: LimitPlan, slot: int, window: Any, go: Any, results: Any
 
     session = build_session(plan.model_path, plan.layout.threads, plan.spin, plan.optimization)
     warm_up(session, 3)
-    feeds = _feeds(session, plan.batch) if plan.feeds is None else _saved_feeds(plan.feeds)
-    run_once = _runner(plan, session, feeds)
+    run_once, inputs = _runner(plan, session)
     run_once()
-    results.put(("ready", slot))
+    results.put(("ready", slot, inputs))
     go.wait()
     t0, t_end = window[0], window[1]
     latencies = array("d")
@@ -136,10 +148,20 @@ def _limit_worker(plan: LimitPlan, slot: int, window: Any, go: Any, results: Any
     results.put(("done", slot, latencies.tobytes()))
 
 
-def _runner(plan: LimitPlan, session: Any, feeds: dict[str, np.ndarray]) -> Any:
-    """A no-argument callable doing one unit of work: inference, or decode+preprocess+inference."""
+def _runner(plan: LimitPlan, session: Any) -> tuple[Callable[[], object], str]:
+    """A no-argument callable doing one unit of work (inference, decode+preprocess+inference, or one
+    request of the task), and what it runs on ("" unless the pipeline says)."""
+    if plan.pipeline == "task":
+        from onnxpool.measure.task_input import task_runner
+
+        if plan.settings is None:
+            raise ValueError("the task pipeline needs the settings of the task")
+        return task_runner(
+            plan.settings, session, lambda: random_feeds(session, plan.batch), plan.batch, plan.layout.threads
+        )
+    feeds = random_feeds(session, plan.batch) if plan.feeds is None else _saved_feeds(plan.feeds)
     if plan.pipeline == "raw":
-        return lambda: session.run(None, feeds)
+        return (lambda: session.run(None, feeds)), ""
     from onnxpool.tasks.image.imaging import ImagePipeline  # type: ignore[import-not-found, unused-ignore]
 
     if plan.image is None:
@@ -151,7 +173,7 @@ def _runner(plan: LimitPlan, session: Any, feeds: dict[str, np.ndarray]) -> Any:
     def run() -> None:
         session.run(None, {name: pipeline.preprocess_batch(images)})
 
-    return run
+    return run, ""
 
 
 def measure_limit(plan: LimitPlan, start_timeout: float = 120.0) -> LimitResult:
@@ -169,7 +191,7 @@ def measure_limit(plan: LimitPlan, start_timeout: float = 120.0) -> LimitResult:
     for process in processes:
         process.start()
     try:
-        _wait_for(results, "ready", len(processes), processes, start_timeout)
+        ready = _wait_for(results, "ready", len(processes), processes, start_timeout)
         window[0] = time.monotonic() + plan.warmup
         window[1] = window[0] + plan.duration
         go.set()
@@ -182,7 +204,14 @@ def measure_limit(plan: LimitPlan, start_timeout: float = 120.0) -> LimitResult:
                 process.join(5)
     latencies = np.concatenate([np.frombuffer(d[2], dtype=np.float64) for d in done])
     return LimitResult(
-        plan.layout.workers, plan.layout.threads, plan.batch, plan.pipeline, plan.duration, latencies.size, latencies
+        plan.layout.workers,
+        plan.layout.threads,
+        plan.batch,
+        plan.pipeline,
+        plan.duration,
+        latencies.size,
+        latencies,
+        inputs=ready[0][2],
     )
 
 

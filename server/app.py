@@ -18,7 +18,18 @@ from werkzeug.exceptions import HTTPException
 
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
-from onnxpool.server import admission, auth, gates, instrument, openapi, routes_docs, routes_task, routes_v1, routes_v2
+from onnxpool.server import (
+    admission,
+    auth,
+    gates,
+    instrument,
+    openapi,
+    routes_docs,
+    routes_host,
+    routes_task,
+    routes_v1,
+    routes_v2,
+)
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
@@ -79,6 +90,7 @@ def create_app(
     backend: InferenceBackend,
     cache: CachePlan | None = None,
     task: Task[Any, Any, Any] | None = None,
+    host_dir: Path | None = None,
 ) -> Flask:
     """Build the WSGI app for one model served by `backend`, running `task` on it.
 
@@ -110,6 +122,7 @@ def create_app(
             record_metrics=settings.metrics.enabled,
             server_timing=settings.metrics.server_timing,
         ),
+        host_dir=host_dir,
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -119,6 +132,7 @@ def create_app(
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
+    app.register_blueprint(routes_host.blueprint)  # before v2: with several models, ready is the host's
     app.register_blueprint(routes_v2.blueprint)
     app.register_blueprint(routes_v1.blueprint)
     app.register_blueprint(routes_task.blueprint_for(task))
@@ -137,15 +151,16 @@ def operation_routes(ctx: ServerContext) -> dict[str, Route]:
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
     v2 = V2Infer(ctx.task, ctx.task.model, model.name, model.version, limits)
-    routes = {
-        f"/v2/models/{model.name}/infer": Route("/v2/models/<model>/infer", v2),
-        f"/v2/models/{model.name}/versions/{model.version}/infer": Route(
-            "/v2/models/<model>/versions/<version>/infer", v2
-        ),
-    }
     on_task = TaskOperation(ctx.task)
-    for rule in ctx.task.routes:
-        routes[rule.replace(routes_task.MODEL_PART, model.name)] = Route(rule, on_task)
+    routes: dict[str, Route] = {}
+    # The model's aliases name it in URLs too (those without a `/`: a Hugging Face id is for bodies).
+    for name in (model.name, *(alias for alias in model.aliases if "/" not in alias)):
+        routes[f"/v2/models/{name}/infer"] = Route("/v2/models/<model>/infer", v2)
+        routes[f"/v2/models/{name}/versions/{model.version}/infer"] = Route(
+            "/v2/models/<model>/versions/<version>/infer", v2
+        )
+        for rule in ctx.task.routes:
+            routes.setdefault(rule.replace(routes_task.MODEL_PART, name), Route(rule, on_task))
     return routes
 
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, current_app, request
 from werkzeug.wsgi import ClosingIterator
 
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
 from onnxpool.server.request_state import RequestState
+from onnxpool.workers.host_state import metrics_folders as host_metrics_folders
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -89,14 +90,14 @@ def _record_request(state: RequestState, task: str, status: int, total: float) -
     metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown())
 
 
-def metric_labels(model_name: str, rule: str, asked: str | None) -> tuple[str, str]:
+def metric_labels(model_name: str, rule: str, asked: str | None, aliases: tuple[str, ...] = ()) -> tuple[str, str]:
     """The bounded (model, endpoint) labels of a Flask route `rule` that named model `asked` (or none)."""
     if asked is None:
         return "", rule
-    return (model_name if asked == model_name else UNKNOWN_MODEL), rule
+    return (model_name if asked == model_name or asked in aliases else UNKNOWN_MODEL), rule
 
 
-def _stash_labels(model_name: str) -> Any:
+def _stash_labels(model_name: str, aliases: tuple[str, ...]) -> Any:
     """after_request hook: bounded labels for the middleware (route template, model)."""
 
     def hook(response: Response) -> Response:
@@ -104,7 +105,7 @@ def _stash_labels(model_name: str) -> Any:
         if url_rule is None:
             labels = ("", UNMATCHED)
         else:
-            labels = metric_labels(model_name, url_rule.rule, (request.view_args or {}).get("model"))
+            labels = metric_labels(model_name, url_rule.rule, (request.view_args or {}).get("model"), aliases)
         RequestState.of(request.environ).labels = labels
         return response
 
@@ -112,7 +113,8 @@ def _stash_labels(model_name: str) -> Any:
 
 
 def _metrics_view() -> Response:
-    body, content_type = metrics.render()
+    host_dir = current_app.extensions["onnxpool"].host_dir
+    body, content_type = metrics.render(host_metrics_folders(host_dir) if host_dir is not None else None)
     return Response(body, content_type=content_type)
 
 
@@ -123,7 +125,7 @@ def install(app: Flask, settings: Settings, task: str) -> None:
     parsed `X-Request-Start` that admission control sheds by.
     """
     enabled = settings.metrics.enabled
-    app.after_request(_stash_labels(settings.model.name))
+    app.after_request(_stash_labels(settings.model.name, settings.model.aliases))
     if enabled:
         app.add_url_rule(METRICS_PATH, "metrics", _metrics_view, methods=["GET"])
     app.wsgi_app = Instrumentation(  # type: ignore[method-assign]

@@ -16,8 +16,10 @@ is the served task's name (one per server); `cache` is hit, miss or none.
 from __future__ import annotations
 
 import functools
+import glob
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -30,6 +32,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -226,8 +229,37 @@ def set_model_cpu_fit(model: str, target: str, cpu_fit: str) -> None:
     _cpu_fit_labels = labels
 
 
-def render() -> tuple[bytes, str]:
-    """The exposition text (summed over all processes in multiprocess mode) and its content type."""
+class _Pools:
+    """A collector of several pools' multiprocess folders (one per model of a host), each pool's series
+    labelled with its model: series that carry no `model` label (in-flight, restarts, cache events...)
+    get their pool's, and each metric is one family over all pools."""
+
+    def __init__(self, folders: Mapping[str, Path]) -> None:
+        self.folders = folders
+
+    def collect(self) -> Any:
+        families: dict[str, Any] = {}
+        for model, folder in self.folders.items():
+            files = sorted(glob.glob(os.path.join(folder, "*.db")))
+            for metric in multiprocess.MultiProcessCollector.merge(files, accumulate=True):  # type: ignore[no-untyped-call]
+                family = families.get(metric.name)
+                if family is None:
+                    family = families[metric.name] = Metric(metric.name, metric.documentation, metric.type)
+                for sample in metric.samples:
+                    labels = sample.labels if "model" in sample.labels else {**sample.labels, "model": model}
+                    family.samples.append(sample._replace(labels=labels))
+        return iter(families.values())
+
+
+def render(pools: Mapping[str, Path] | None = None) -> tuple[bytes, str]:
+    """The exposition text (summed over all processes in multiprocess mode) and its content type.
+
+    `pools`: the metrics folder of each model of a host that serves several: one scrape covers them all.
+    """
+    if pools:
+        registry = CollectorRegistry()
+        registry.register(_Pools(pools))
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     if os.environ.get(MULTIPROC_ENV):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

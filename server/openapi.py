@@ -58,6 +58,20 @@ def _errors(*statuses: str, auth: bool) -> dict[str, Schema]:
     return {s: _error(s) for s in sorted(set(wanted))}
 
 
+def _model_state(**fields: Schema) -> Schema:
+    """One model of the host (GET /v2/models, Triton's repository index): its name, state, why, and `fields`."""
+    return {
+        "type": "object",
+        "required": ["name", *fields, "state"],
+        "properties": {
+            "name": {"type": "string"},
+            **fields,
+            "state": {"type": "string", "enum": ["READY", "LOADING", "UNAVAILABLE"]},
+            "reason": {"type": "string"},
+        },
+    }
+
+
 def _schemas() -> dict[str, Schema]:
     datatype = {"type": "string", "enum": list(V2_TO_NUMPY)}
     shape = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -78,7 +92,28 @@ def _schemas() -> dict[str, Schema]:
             },
         },
         "Live": {"type": "object", "required": ["live"], "properties": {"live": {"type": "boolean"}}},
-        "Ready": {"type": "object", "required": ["ready"], "properties": {"ready": {"type": "boolean"}}},
+        "Ready": {
+            "type": "object",
+            "required": ["ready"],
+            "properties": {
+                "ready": {"type": "boolean"},
+                "not_ready": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "ModelList": {
+            "type": "object",
+            "required": ["models"],
+            "properties": {
+                "models": {
+                    "type": "array",
+                    "items": _model_state(
+                        versions={"type": "array", "items": {"type": "string"}},
+                        aliases={"type": "array", "items": {"type": "string"}},
+                    ),
+                }
+            },
+        },
+        "RepositoryIndex": {"type": "array", "items": _model_state(version={"type": "string"})},
         "ModelReady": {
             "type": "object",
             "required": ["name", "ready"],
@@ -271,12 +306,34 @@ def _paths(settings: Settings, task: AnyTask, auth: bool) -> dict[str, Schema]:
         "/v2/health/ready": {
             "get": {
                 "operationId": "serverReady",
-                "summary": "Readiness probe: 200 once this worker's model is loaded and warmed up",
+                "summary": "Readiness probe: 200 once the model is loaded and warmed up (on a host serving "
+                "several models: once every model is; `not_ready` names the others)",
                 **open_security,
                 "responses": {
                     "200": {"description": "Ready", "content": _json(_ref("Ready"))},
                     "503": {"description": "Not ready yet", "content": _json(_ref("Ready"))},
                 },
+            }
+        },
+        "/v2/models": {
+            "get": {
+                "operationId": "modelList",
+                "summary": "The models served here (every model of the host), their versions, aliases and state",
+                "responses": {"200": {"description": "Models", "content": _json(_ref("ModelList"))}}
+                | _errors(auth=auth),
+            }
+        },
+        "/v2/repository/index": {
+            "post": {
+                "operationId": "repositoryIndex",
+                "summary": "Triton's model repository index: every model with its state; "
+                '`{"ready": true}` lists only the ready ones',
+                "requestBody": {
+                    "required": False,
+                    "content": _json({"type": "object", "properties": {"ready": {"type": "boolean"}}}),
+                },
+                "responses": {"200": {"description": "Index", "content": _json(_ref("RepositoryIndex"))}}
+                | _errors("400", auth=auth),
             }
         },
     }

@@ -35,12 +35,6 @@ def live() -> Response:
     return json_response({"live": True})
 
 
-@blueprint.get("/v2/health/ready")
-def ready() -> Response:
-    is_ready = context().backend.ready
-    return json_response({"ready": is_ready}, 200 if is_ready else 503)
-
-
 @blueprint.get("/v2/models/<model>")
 @blueprint.get("/v2/models/<model>/versions/<version>")
 def model_metadata(model: str, version: str | None = None) -> Response:

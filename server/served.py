@@ -13,7 +13,7 @@ from onnxpool.workers.model_info import ModelInfo
 def check_model(ctx: ServerContext, model: str, version: str | None = None) -> None:
     """404 unless the URL names the configured model (and its version, if given)."""
     config = ctx.settings.model
-    if model != config.name:
+    if model != config.name and model not in config.aliases:
         raise NotFound(f"unknown model '{model}'; this server serves: {config.name}")
     if version is not None and version != config.version:
         raise NotFound(f"model '{model}' has no version '{version}'; available: {config.version}")

@@ -102,6 +102,12 @@ class ServedModel:
     Workers run a validated copy of it; read files beside it at start, never per request."""
     limits: LimitsSettings
     """`[limits]`: max_batch, max_json_depth, the image limits... for `read` to enforce."""
+    aliases: tuple[str, ...] = ()
+    """`[model] aliases`: other names clients may use (a request body naming the model may say one)."""
+
+    def known_as(self, name: str) -> bool:
+        """`name` is this model's name or one of its aliases."""
+        return name == self.name or name in self.aliases
 
 
 class RequestParts(Protocol):

@@ -174,7 +174,9 @@ def validate_task_table(model: type[SettingsT], task_name: str, loaded: LoadedSe
 def served_model(loaded: LoadedSettings) -> ServedModel:
     """What a task knows of its model besides the tensors, from the settings."""
     model = loaded.settings.model
-    return ServedModel(name=model.name, version=model.version, path=model.path, limits=loaded.settings.limits)
+    return ServedModel(
+        name=model.name, version=model.version, path=model.path, limits=loaded.settings.limits, aliases=model.aliases
+    )
 
 
 def chosen_task(spec: str, model: ModelInfo | None) -> str:

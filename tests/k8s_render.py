@@ -21,10 +21,13 @@ REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = K8S / "overlays"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "k8s"
-# Deployable overlays (each one a complete application); `kserve` is an
-# optional ServingRuntime, rendered and validated but not a Deployment.
+# Deployable overlays (each one a complete application: one Deployment of the two-container
+# pod); `zoo` (several models in one single-container pod) and `scale-out` (one Deployment per
+# model behind one Ingress) have checks of their own; `kserve` is an optional ServingRuntime,
+# rendered and validated but not a Deployment.
 APP_OVERLAYS = ("pinned", "shared", "monitoring", "ingress-nginx")
-ALL_OVERLAYS = (*APP_OVERLAYS, "kserve")
+SEVERAL_MODEL_OVERLAYS = ("zoo", "scale-out")
+ALL_OVERLAYS = (*APP_OVERLAYS, *SEVERAL_MODEL_OVERLAYS, "kserve")
 # kubernetes-validate bundles schemas for 1.25 .. 1.37; we support all of them.
 K8S_VERSIONS = ("1.25.0", "1.37.0")
 # Custom resources kubernetes-validate has no schema for, checked by hand.

@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -43,6 +43,9 @@ from tests.k8s_render import (
     render,
 )
 
+if TYPE_CHECKING:
+    from onnxpool.config.settings import Settings
+
 Docs = list[dict[str, Any]]
 
 
@@ -57,6 +60,7 @@ APP, PROXY = "onnxpool", "nginx"  # the pod's two containers
 DEFAULT_GRACEFUL_TIMEOUT = 30
 DEFAULT_TIMEOUT = 30
 DEFAULT_MAX_BODY_BYTES = 16777216
+IMAGE_CONFIG = "/etc/onnxpool/onnxpool.toml"  # the Dockerfile's ENV ONNXPOOL_CONFIG
 
 
 @cache
@@ -86,14 +90,38 @@ def selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in (selector or {}).items())
 
 
+def config_path(docs: Docs) -> str:
+    """The settings file the onnxpool container reads: `--config FILE`, else $ONNXPOOL_CONFIG, else the image's."""
+    c = container(deployment(docs), APP)
+    argv = [*c.get("command", []), *c.get("args", [])]
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return str(argv[index + 1])
+        if arg.startswith("--config="):
+            return str(arg.split("=", 1)[1])
+    return env_of(c).get("ONNXPOOL_CONFIG", IMAGE_CONFIG)
+
+
+def settings_text(docs: Docs) -> str | None:
+    """The text of that file, when it is a key of a ConfigMap the container mounts (else None)."""
+    dep = deployment(docs)
+    path = config_path(docs)
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+    configmaps = {cm["metadata"]["name"]: cm for cm in objects(docs, "ConfigMap")}
+    for mount in container(dep, APP).get("volumeMounts", []):
+        source = volumes.get(mount["name"], {}).get("configMap")
+        folder = mount["mountPath"].rstrip("/") + "/"
+        if source and path.startswith(folder) and "subPath" not in mount:
+            data = configmaps.get(source["name"], {}).get("data", {})
+            if path[len(folder) :] in data:
+                return str(data[path[len(folder) :]])
+    return None
+
+
 def settings_toml(docs: Docs) -> dict[str, Any]:
-    """The onnxpool.toml carried by the generated ConfigMap the pod mounts."""
-    volumes = deployment(docs)["spec"]["template"]["spec"].get("volumes", [])
-    names = {v["configMap"]["name"] for v in volumes if "configMap" in v}
-    for cm in objects(docs, "ConfigMap"):
-        if cm["metadata"]["name"] in names and "onnxpool.toml" in cm.get("data", {}):
-            return tomllib.loads(cm["data"]["onnxpool.toml"])
-    return {}
+    """The settings file the onnxpool container reads, from the generated ConfigMap it mounts ({} if none)."""
+    text = settings_text(docs)
+    return tomllib.loads(text) if text is not None else {}
 
 
 def setting(docs: Docs, section: str, key: str, default: Any, name: str = APP) -> Any:
@@ -514,6 +542,366 @@ def check_monitoring(docs: Docs) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------ several models: the zoo pod
+
+# The zoo pod (overlays/zoo): ONE container, `onnxpool serve --config <a file with [models.<name>]
+# tables>`, the host, which starts one gunicorn pool per model and nginx itself. Measured (the
+# 2-core VM, config/zoo.toml's models): the host process ~45 MiB RSS; nginx is counted as its
+# container in the two-container pod (the base's nginx resources: its "share").
+HOST_MEMORY = 64 * 2**20
+IMAGE_MODELS = "/opt/onnxpool/models"  # the Dockerfile links the package's models/ folder here
+DEFAULT_CACHE_BYTES = 64 * 2**20  # [cache] max_bytes
+RELOAD_COPIES = 4  # a reload holds the old copy (mapped), the next one and the bytes it is made from
+
+
+def base_nginx() -> dict[str, Any]:
+    """The base's nginx container: its resources are nginx's share of a pod."""
+    return container(deployment(rendered(K8S / "base")), PROXY)
+
+
+def mounted_volumes(docs: Docs) -> list[str]:
+    """Mount paths of the onnxpool container's volumes that bring files in (not emptyDirs, not ConfigMaps)."""
+    dep = deployment(docs)
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+    return [
+        m["mountPath"]
+        for m in container(dep, APP).get("volumeMounts", [])
+        if not {"emptyDir", "configMap"} & set(volumes.get(m["name"], {}))
+    ]
+
+
+@cache
+def _package_globs() -> tuple[list[str], list[str]]:
+    """setup.cfg's package data globs of onnxpool.models (what the wheel, hence the image, carries)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+
+    def globs(section: str) -> list[str]:
+        raw = config[section].get("onnxpool.models", "") if config.has_section(section) else ""
+        return [g.strip() for g in raw.split(",") if g.strip()]
+
+    return globs("options.package_data"), globs("options.exclude_package_data")
+
+
+def image_file(path: str) -> Path | None:
+    """The checkout's copy of a file the image holds at `path` (under IMAGE_MODELS), else None."""
+    from fnmatch import fnmatch
+
+    linked = re.search(rf"ln -s .*\s{re.escape(IMAGE_MODELS)}\s", (REPO / "Dockerfile").read_text(encoding="utf-8"))
+    if not linked or not path.startswith(IMAGE_MODELS + "/"):
+        return None
+    relative = path[len(IMAGE_MODELS) + 1 :]
+    shipped, excluded = _package_globs()
+    if not any(fnmatch(relative, g) for g in shipped) or any(fnmatch(relative, g) for g in excluded):
+        return None
+    found = REPO / "models" / relative
+    return found if found.is_file() else None
+
+
+def zoo_models(docs: Docs) -> dict[str, dict[str, Any]]:
+    models: dict[str, dict[str, Any]] = settings_toml(docs).get("models", {})
+    return models
+
+
+def held_models(docs: Docs) -> tuple[dict[str, Path | None], list[str]]:
+    """The models whose file the pod has: name -> the checkout's copy (image) or None (a volume's)."""
+    held: dict[str, Path | None] = {}
+    problems = []
+    volumes = mounted_volumes(docs)
+    for name, entry in zoo_models(docs).items():
+        path = str(entry.get("path", ""))
+        if _under(path, volumes):
+            held[name] = None
+        elif (copy := image_file(path)) is not None:
+            held[name] = copy
+        elif not entry.get("optional", False):
+            problems.append(
+                f"model {name}: {path} is neither in the image (package data at {IMAGE_MODELS}) nor on a volume: "
+                "the host would not start (optional = true serves the others without it)"
+            )
+    return held, problems
+
+
+def check_zoo_pod(docs: Docs) -> list[str]:
+    """One container, the host: `onnxpool serve` on a several-model file whose front door is the pod's port."""
+    problems = []
+    dep = deployment(docs)
+    names = [c["name"] for c in containers(docs)]
+    if names != [APP]:
+        problems.append(f"containers {names}: the zoo pod runs one, {APP} (the host starts nginx itself)")
+    c = container(dep, APP)
+    if [Path(a).name for a in c.get("command", [])] != ["onnxpool", "serve"]:
+        problems.append(f"command {c.get('command')} is not `onnxpool serve`")
+    path, env = config_path(docs), env_of(c)
+    if env.get("ONNXPOOL_CONFIG", path) != path:
+        problems.append(f"ONNXPOOL_CONFIG {env['ONNXPOOL_CONFIG']} is not the file served ({path})")
+    text = settings_text(docs)
+    if text is None:
+        return [*problems, f"settings file {path} is not a file of a ConfigMap the container mounts"]
+    if not zoo_models(docs):
+        problems.append(f"{path} has no [models.<name>] tables: `onnxpool serve` would run one model, no host")
+    problems += _load_problems(text, env, pool="")
+    http = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}.get("http")
+    bind = str(setting(docs, "server", "bind", "127.0.0.1:8000"))
+    host, _, port = bind.rpartition(":")
+    if http is None:
+        problems.append("no container port named http")
+    elif bind.startswith("unix:") or not port.isdigit() or int(port) != http or host in ("127.0.0.1", "localhost"):
+        problems.append(
+            f"server.bind {bind} (the host's nginx) is not the container port http ({http}) on the pod's network"
+        )
+    for svc in objects(docs, "Service"):
+        for sp in svc["spec"].get("ports", []):
+            if sp.get("targetPort", sp["port"]) not in ("http", http):
+                problems.append(
+                    f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http"
+                )
+    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
+    if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) != http:
+        problems.append(
+            f"prometheus.io/port {annotations['prometheus.io/port']} is not port http (the host's /metrics)"
+        )
+    return problems
+
+
+def load_pod_settings(text: str, env: dict[str, str], pool: str | None = None) -> Settings:
+    """Settings as onnxpool loads them in the container: its ONNXPOOL_* environment over the file's
+    text (ConfigError if it refuses them). `pool` as load_settings takes it ("" = a host's view)."""
+    import tempfile
+
+    from onnxpool.config.loader import load_settings
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "settings.toml"
+        path.write_text(text, encoding="utf-8")
+        environ = {k: v for k, v in env.items() if k.startswith("ONNXPOOL_") and k != "ONNXPOOL_CONFIG"}
+        return load_settings(path, environ=environ, pool=pool).settings
+
+
+def _load_problems(text: str, env: dict[str, str], pool: str | None) -> list[str]:
+    from onnxpool.config.loader import ConfigError
+
+    try:
+        load_pod_settings(text, env, pool)
+    except ConfigError as exc:
+        return [f"onnxpool refuses the settings: {exc}"]
+    return []
+
+
+def check_zoo_resources(docs: Docs) -> list[str]:
+    """cpu = the budgets in the settings file + nginx's share; memory and the run folder cover the pools."""
+    problems = []
+    dep = deployment(docs)
+    res = container(dep, APP).get("resources", {})
+    req, lim = res.get("requests", {}), res.get("limits", {})
+    if not all(k in d for d in (req, lim) for k in ("cpu", "memory")):
+        return ["cpu and memory requests and limits must all be set"]
+    budgets = {name: entry.get("cpus", "auto") for name, entry in zoo_models(docs).items()}
+    numbers = {name: float(b) for name, b in budgets.items() if isinstance(b, int | float)}
+    for name in set(budgets) - set(numbers):
+        problems.append(f"model {name}: cpus = {budgets[name]!r}: the pod's cpu request needs every budget as a number")
+    nginx_cpu = cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
+    want = sum(numbers.values()) + nginx_cpu
+    if round(cpu_quantity(req["cpu"]) * 1000) != round(want * 1000):
+        problems.append(
+            f"requests.cpu {req['cpu']} != the sum of the budgets in {config_path(docs)} "
+            f"({sum(numbers.values()):g}) + nginx's share ({nginx_cpu:g}) = {want:g}"
+        )
+    if any(str(req[k]) != str(lim[k]) for k in ("cpu", "memory")):
+        problems.append(f"requests {req} != limits {lim}: the budgets are what the pod is guaranteed")
+    cpu = cpu_quantity(lim["cpu"])
+    annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
+    workers = max(1, math.floor(cpu))
+    if annotations.get("onnxpool.io/cpu-layout") != "unpinned" or cpu == int(cpu):
+        problems.append(f"limits.cpu {lim['cpu']}: the zoo pod is a fractional quota, unpinned (annotated so)")
+    if annotations.get("onnxpool.io/workers") != str(workers):
+        problems.append(
+            f"onnxpool.io/workers {annotations.get('onnxpool.io/workers')} but limits.cpu gives {workers} per model"
+        )
+    if sum(numbers.values()) > workers + 1e-9:
+        problems.append(
+            f"the budgets sum to {sum(numbers.values()):g} > floor(limits.cpu) = {workers} usable cores: "
+            "they would hold as proportions only"
+        )
+    held, missing = held_models(docs)
+    problems += missing
+    spec = dep["spec"]["template"]["spec"]
+    tmpfs = sum(
+        bytes_quantity(v["emptyDir"].get("sizeLimit", 0))
+        for v in spec.get("volumes", [])
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+    )
+    nginx_memory = bytes_quantity(base_nginx()["resources"]["limits"]["memory"])
+    need = HOST_MEMORY + nginx_memory + len(held) * (MASTER_MEMORY + workers * WORKER_MEMORY) + tmpfs
+    if bytes_quantity(lim["memory"]) < need:
+        problems.append(
+            f"limits.memory {lim['memory']} < host + nginx + {len(held)} pools of a master and {workers} workers "
+            f"+ tmpfs = {need >> 20}Mi"
+        )
+    cache = settings_toml(docs).get("cache", {})
+    cache_bytes = int(cache.get("max_bytes", DEFAULT_CACHE_BYTES)) if cache.get("enabled", True) else 0
+    entries = zoo_models(docs)
+    run_folder = sum(RELOAD_COPIES * copy.stat().st_size for copy in held.values() if copy is not None) + sum(
+        cache_bytes for name in held if entries[name].get("cache", True)
+    )
+    if tmpfs < run_folder:
+        problems.append(
+            f"run folder sizeLimit {tmpfs >> 20}Mi < {RELOAD_COPIES} copies of each held model + their response "
+            f"caches = {run_folder >> 20}Mi"
+        )
+    return problems
+
+
+def check_zoo_probes(docs: Docs) -> list[str]:
+    """Every probe through the front door (port http): nginx's own liveness, readiness of every model."""
+    problems = []
+    c = container(deployment(docs), APP)
+    served, own = served_routes(), nginx_own_paths()
+    wanted = {"startupProbe": served | own, "readinessProbe": {HEALTH_READY}, "livenessProbe": {NGINX_LIVE}}
+    for probe, paths in wanted.items():
+        get = c.get(probe, {}).get("httpGet")
+        if not get or "exec" in c.get(probe, {}):
+            problems.append(f"{probe}: not an httpGet probe through the front door")
+        elif get.get("port") not in (
+            "http",
+            *(p["containerPort"] for p in c.get("ports", []) if p.get("name") == "http"),
+        ):
+            problems.append(f"{probe} port {get.get('port')!r} is not the front door (port http)")
+        elif get.get("path") not in paths or get.get("path") not in served | own:
+            problems.append(f"{probe} path {get.get('path')!r}, expected one of {sorted(paths)[:3]} (answered)")
+    return problems
+
+
+ZOO_CHECKS = ("selectors", "hpa_pdb", "grace", "writable", "security", "scrape", "ingress", "monitoring")
+"""The one-model pod's checks that hold for the zoo pod as they are (the others name the nginx container)."""
+
+
+# ------------------------------------------------------- several models: scale-out
+
+
+def per_deployment(docs: Docs) -> dict[str, Docs]:
+    """One model's objects of a scale-out rendering each: its Deployment, the Services, PDB, HPA,
+    ServiceAccount and ConfigMaps that are its, and the Ingress with only the paths to its Services."""
+    parts: dict[str, Docs] = {}
+    for dep in objects(docs, "Deployment"):
+        labels = dep["spec"]["template"]["metadata"].get("labels", {})
+        spec = dep["spec"]["template"]["spec"]
+        services = [s for s in objects(docs, "Service") if selects(s["spec"].get("selector"), labels)]
+        service_names = {s["metadata"]["name"] for s in services}
+        configmaps = {v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+        part: Docs = [dep, *services]
+        for doc in docs:
+            kind, name = doc["kind"], doc["metadata"]["name"]
+            if (
+                (kind == "PodDisruptionBudget" and selects(doc["spec"].get("selector", {}).get("matchLabels"), labels))
+                or (
+                    kind == "HorizontalPodAutoscaler"
+                    and doc["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+                )
+                or (kind == "ServiceAccount" and name == spec.get("serviceAccountName"))
+                or (kind == "ConfigMap" and name in configmaps)
+            ):
+                part.append(doc)
+        for ing in objects(docs, "Ingress"):
+            rules = []
+            for rule in ing["spec"].get("rules", []):
+                paths = [
+                    p for p in rule.get("http", {}).get("paths", []) if p["backend"]["service"]["name"] in service_names
+                ]
+                if paths:
+                    rules.append({**rule, "http": {"paths": paths}})
+            if rules:
+                part.append({**ing, "spec": {**ing["spec"], "rules": rules}})
+        parts[dep["metadata"]["name"]] = part
+    return parts
+
+
+def _loaded(docs: Docs, pool: str | None = None) -> Settings:
+    """The onnxpool container's settings (its environment over its ConfigMap's file)."""
+    return load_pod_settings(settings_text(docs) or "", env_of(container(deployment(docs), APP)), pool)
+
+
+def check_scale_out(docs: Docs) -> list[str]:
+    """One Deployment per model of the zoo's settings file, serving it as the zoo does, requesting its
+    budget; one Ingress routing each model's paths and each task route to the model the zoo gives it."""
+    from onnxpool.config.loader import ConfigError
+    from onnxpool.tasks.registry import task_class
+
+    problems = []
+    zoo_docs = overlay("zoo")
+    zoo_file = config_path(zoo_docs)
+    zoo = _loaded(zoo_docs, pool="")
+    models = list(zoo.models)  # the file's order: a shared route is the first model's
+    served_by: dict[str, str] = {}  # Deployment -> the model it serves
+    for name, part in per_deployment(docs).items():
+        try:
+            settings = _loaded(part)
+        except ConfigError as exc:
+            problems.append(f"Deployment {name}: onnxpool refuses its settings: {exc}")
+            continue
+        model = settings.model.name
+        if model not in zoo.models:
+            problems.append(f"Deployment {name} serves {model}, not a model of {zoo_file}")
+            continue
+        if model in served_by.values():
+            problems.append(f"model {model} has several Deployments")
+        served_by[name] = model
+        pool = _loaded(zoo_docs, pool=model)
+        for what in ("model", "task", "limits", "cache"):
+            if getattr(settings, what) != getattr(pool, what):
+                problems.append(f"Deployment {name}: [{what}] differs from {zoo_file}'s for {model}")
+        budget = zoo.models[model].cpus
+        cpu = container(deployment(part), APP).get("resources", {}).get("requests", {}).get("cpu")
+        if not isinstance(budget, float) or cpu is None or round(cpu_quantity(cpu) * 1000) != round(budget * 1000):
+            problems.append(f"Deployment {name}: requests.cpu {cpu} is not {model}'s budget ({budget}) in {zoo_file}")
+    for model in set(models) - set(served_by.values()):
+        problems.append(f"model {model} of {zoo_file} has no Deployment")
+    # Ingress: path -> (pathType, the model whose pods the backend Service selects)
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"].get("labels", {}) for d in objects(docs, "Deployment")
+    }
+    services = {
+        s["metadata"]["name"]: next(
+            (served_by.get(d) for d, labels in pods.items() if selects(s["spec"].get("selector"), labels)), None
+        )
+        for s in objects(docs, "Service")
+    }
+    ingresses = objects(docs, "Ingress")
+    if len(ingresses) != 1:
+        return [*problems, f"{len(ingresses)} Ingresses: the models share one front door"]
+    routes: dict[str, tuple[str, str | None]] = {}
+    for rule in ingresses[0]["spec"].get("rules", []):
+        for p in rule.get("http", {}).get("paths", []):
+            routes[p["path"]] = (p["pathType"], services.get(p["backend"]["service"]["name"]))
+    owners: dict[str, str] = {}
+    for model in models:
+        for route in task_class(zoo.models[model].task).routes:
+            if "<model>" not in route:
+                owners.setdefault(route, model)
+    wanted: dict[str, tuple[set[str], str]] = {"/": ({"Prefix"}, models[0])}
+    for model in models:
+        for url_name in (model, *(a for a in zoo.models[model].aliases if "/" not in a)):
+            wanted[f"/v2/models/{url_name}"] = ({"Prefix", "ImplementationSpecific"}, model)
+            # `/v1/models/<name>:predict` is under no element-wise Prefix: ingress-nginx's plain prefix.
+            wanted[f"/v1/models/{url_name}"] = ({"ImplementationSpecific"}, model)
+    for route, model in owners.items():
+        wanted[route] = ({"Exact", "Prefix"}, model)
+    for path, (types, model) in wanted.items():
+        kind, target = routes.get(path, (None, None))
+        if kind is None:
+            problems.append(f"the Ingress has no path {path} (for {model})")
+        elif target != model or kind not in types:
+            problems.append(
+                f"the Ingress routes {path} ({kind}) to {target}, not to {model} ({'/'.join(sorted(types))})"
+            )
+    for path, (_, target) in routes.items():
+        if target is None:
+            problems.append(f"the Ingress path {path} goes to a Service that selects no model's pods")
+    return problems
+
+
 CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "selectors": check_selectors,
     "ports": check_ports,
@@ -528,6 +916,16 @@ CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "nginx": check_nginx,
     "monitoring": check_monitoring,
 }
+
+# Several models: the zoo pod's own checks (with ZOO_CHECKS of the above), and the scale-out
+# form's (each of its Deployments also passes every check above, as a one-model pod).
+SEVERAL_MODEL_CHECKS: dict[str, Callable[[Docs], list[str]]] = {
+    "zoo_pod": check_zoo_pod,
+    "zoo_resources": check_zoo_resources,
+    "zoo_probes": check_zoo_probes,
+    "scale_out": check_scale_out,
+}
+ALL_CHECKS = {**CHECKS, **SEVERAL_MODEL_CHECKS}
 
 # fixture folder -> (check that must catch it, words its message must contain)
 NEGATIVE = {
@@ -546,6 +944,13 @@ NEGATIVE = {
     "bad-scrape": ("scrape", "scraped twice"),
     "bad-nginx": ("nginx", "nginx.pidfile"),
     "bad-monitoring": ("monitoring", "differs from deploy/monitoring/onnxpool-rules.yml"),
+    "bad-zoo-pod": ("zoo_pod", "is not the container port http"),
+    "bad-zoo-budget": ("zoo_resources", "the sum of the budgets"),
+    "bad-zoo-memory": ("zoo_resources", "limits.memory"),
+    "bad-zoo-model": ("zoo_resources", "neither in the image"),
+    "bad-zoo-probe": ("zoo_probes", "livenessProbe path"),
+    "bad-scale-out": ("scale_out", "routes /predict"),
+    "bad-scale-out-budget": ("scale_out", "budget"),
 }
 
 
@@ -628,15 +1033,45 @@ def test_overlay_semantics(name, check):
     assert CHECKS[check](overlay(name)) == []
 
 
+@pytest.mark.parametrize("check", [*ZOO_CHECKS, "zoo_pod", "zoo_resources", "zoo_probes"])
+def test_zoo_semantics(check):
+    """The zoo pod: the one-model pod's checks that do not name its nginx container, and its own."""
+    assert ALL_CHECKS[check](overlay("zoo")) == []
+
+
+def test_scale_out_serves_the_zoo_apart():
+    """One Deployment per model of the zoo's settings, each requesting its budget, behind one Ingress."""
+    assert check_scale_out(overlay("scale-out")) == []
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_scale_out_deployments_are_one_model_pods(check):
+    """Each Deployment of the scale-out form, with its own objects, passes every one-model pod check."""
+    parts = per_deployment(overlay("scale-out"))
+    assert len(parts) == len(zoo_models(overlay("zoo")))
+    assert {name: CHECKS[check](part) for name, part in parts.items()} == {name: [] for name in parts}
+
+
+def test_zoo_cpu_is_its_budgets_plus_nginx():
+    """The numbers the zoo check derives (spelled out: the ConfigMap's budgets, the base's nginx share)."""
+    docs = overlay("zoo")
+    budgets = [float(entry["cpus"]) for entry in zoo_models(docs).values()]
+    nginx = cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
+    requested = cpu_quantity(container(deployment(docs), APP)["resources"]["requests"]["cpu"])
+    assert len(budgets) == 3 and math.isclose(requested, sum(budgets) + nginx), (budgets, nginx, requested)
+    held, _ = held_models(docs)
+    assert set(held) == {"efficientnet-lite0", "iris"}, "MiniLM is optional and not in the image"
+
+
 @pytest.mark.parametrize("name", NEGATIVE)
 def test_semantic_check_catches_fixture(name):
     check, words = NEGATIVE[name]
-    problems = CHECKS[check](fixture(name))
+    problems = ALL_CHECKS[check](fixture(name))
     assert any(words in p for p in problems), f"{check} missed {name}: {problems}"
 
 
 def test_every_semantic_check_has_a_negative_fixture():
-    assert set(CHECKS) == {check for check, _ in NEGATIVE.values()}
+    assert set(ALL_CHECKS) == {check for check, _ in NEGATIVE.values()}
     assert {p.name for p in FIXTURES.iterdir() if p.is_dir()} >= set(NEGATIVE)
 
 
@@ -646,6 +1081,8 @@ def test_overlays_choose_the_cpu_layouts_they_promise():
 
     assert layout("pinned") == "pinned"
     assert layout("shared") == "unpinned"
+    assert layout("zoo") == "unpinned"
+    assert [c["name"] for c in containers(overlay("zoo"))] == [APP]
     assert objects(overlay("monitoring"), "ServiceMonitor")
     assert objects(overlay("monitoring"), "PrometheusRule")
     assert objects(overlay("ingress-nginx"), "Ingress")

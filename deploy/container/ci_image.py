@@ -11,7 +11,9 @@ CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_
    $ONNXPOOL_CI_CACHE, default /var/cache/onnxpool-ci).
 2. `podman build --pull=never` of the Dockerfile; the host CA bundle, when
    present, is given to pip as a build secret (never a layer).
-3. The image itself: its size, no apt lists or .deb files, nginx present.
+3. The image itself: its size, no apt lists or .deb files, nginx present, and what a
+   several-model host (the zoo overlay) needs besides: nginx's js module, the demo models
+   at /opt/onnxpool/models.
 4. The README's quick start (one container, development): serves the cat, writes
    nothing of onnxruntime's telemetry; a broken model mounted at /models is
    refused with one line, never replaced by the demo.
@@ -396,6 +398,19 @@ def run_like_pod(tag: str, overlay: str) -> None:
         drain_like_pod(pod, tag, workdir)
 
 
+# What a several-model host (the zoo overlay) needs of the image besides nginx: nginx's js module, found
+# the way the host finds it (onnxpool.host.js_module), and the demo models at the path the zoo's
+# and scale-out's settings name (deploy/k8s/overlays/zoo/zoo.toml).
+SEVERAL_MODELS_CHECK = (
+    "import sys; from pathlib import Path; "
+    "from onnxpool.host import js_module; from onnxpool.proxy import nginx_binary; "
+    "module = js_module(nginx_binary() or 'nginx'); print('js module:', module); "
+    "files = [Path('/opt/onnxpool/models', m, 'model.onnx') for m in ('efficientnet-lite0', 'iris')]; "
+    "missing = [str(f) for f in files if not f.is_file()]; print('demo models missing:', missing); "
+    "sys.exit(1 if module is None or missing else 0)"
+)
+
+
 def image_contents(tag: str) -> None:
     """Size, no apt lists or .deb files, nginx present: what the image is, before running it."""
     size = run([*PODMAN, "image", "inspect", "-f", "{{.Size}}", tag], capture_output=True).stdout.strip()
@@ -406,6 +421,11 @@ def image_contents(tag: str) -> None:
     )
     out = run([*PODMAN, "run", "--rm", *ulimits(), "--entrypoint", "/bin/sh", tag, "-c", script], capture_output=True)
     record("no apt lists or .deb files; nginx in the image", out.returncode == 0, (out.stdout + out.stderr).strip())
+    python = "/opt/onnxpool/bin/python"
+    out = run([*PODMAN, "run", "--rm", *ulimits(), "--entrypoint", python, tag, "-I", "-c", SEVERAL_MODELS_CHECK],
+              capture_output=True)  # fmt: skip
+    record("several models: nginx's js module and the demo models at /opt/onnxpool/models", out.returncode == 0,
+           (out.stdout + out.stderr).strip()[-600:])  # fmt: skip
 
 
 def quick_start(tag: str, workdir: Path) -> None:

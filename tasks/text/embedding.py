@@ -85,7 +85,7 @@ class TextEmbedding(TextTask[EmbeddingsRequest, Embeddings, TextEmbeddingOptions
         except RequestError as exc:
             raise OpenAIRequestError(exc.message, exc.param, exc.code) from None
         served = self.served.name
-        if asked.model != served:
+        if not self.served.known_as(asked.model):
             raise OpenAIRequestError(
                 f"the model '{asked.model}' does not exist here; this server serves '{served}'",
                 param="model",
