@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The package's files. onnxpool is installed in setuptools' strict editable mode (a link tree
 # of the mapped folders, which mypy and import-linter can follow); a module or data file added
 # or removed needs a reinstall, so the list of files is part of what the install depends on.
-PACKAGE_DIRS := launch cache config server tasks workers measure quantize models
+PACKAGE_DIRS := launch cache config host server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
 .PHONY: install run test lint typecheck layers unit bench minilm minilm-check minilm-int8 infinity bench-text lock clean FORCE

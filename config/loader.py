@@ -174,8 +174,11 @@ def _host_view(values: dict[str, Any], config_file: Path) -> dict[str, Any]:
     models = values[MODELS_TABLE]
     if not isinstance(models, dict) or not models:
         raise ConfigError(f"config file {config_file}: [models] names no model; add a [models.<name>] table")
-    for entry in models.values():
+    for name, entry in models.items():
         if isinstance(entry, dict):
+            if "name" in entry:
+                raise ConfigError(f"config file {config_file}: [models.{name}] name: not a key here, the table's "
+                                  f"name is the model's name (and `aliases` adds other names)")  # fmt: skip
             for key in ("path", "cpu_variants"):
                 if key in entry:
                     entry[key] = _resolve_path(("model", key), entry[key], config_file.parent)
@@ -416,7 +419,8 @@ def describe_validation_error(
         if error["type"] == "extra_forbidden":
             section = key[len(prefix) : -1]
             owner = _section_model(section, root)
-            allowed = ", ".join(owner.model_fields) if owner else "?"
+            hidden: frozenset[str] = getattr(owner, "NOT_KEYS", frozenset())
+            allowed = ", ".join(key for key in owner.model_fields if key not in hidden) if owner else "?"
             where = sources.get(key, "input")
             problems.setdefault(key, []).append(f"unknown key (from {where}); allowed here: {allowed}")
             continue

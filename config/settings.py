@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -202,6 +202,9 @@ class ModelEntry(ModelSettings):
     workers per model behind nginx, docs/ARCHITECTURE.md). Every `[model]` key but `name` (the
     table's name is the model's), plus the model's budget and what its pool takes from the shared
     sections. Its task's settings are `[tasks.<name>]`."""
+
+    NOT_KEYS: ClassVar[frozenset[str]] = frozenset({"name"})
+    """`[model]` keys that are not keys here (the table's name is the model's)."""
 
     cpus: float | Auto = "auto"
     """The model's budget: the cores' worth it keeps when every model is busy (its scheduler weight);

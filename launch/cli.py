@@ -36,9 +36,9 @@ def _serve(args: argparse.Namespace) -> int:
             return 1
         if args.bind:
             os.environ["ONNXPOOL_SERVER__BIND"] = args.bind
-        from onnxpool import host
+        from onnxpool.host.controller import serve_models
 
-        return host.serve_models(config_file)
+        return serve_models(config_file)
     env = dict(os.environ)
     # onnxruntime (1.2x+) sends usage telemetry and writes a device id and an event database
     # under $HOME/.cache/Microsoft unless told not to; a server has no business doing either.

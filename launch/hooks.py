@@ -44,16 +44,16 @@ from typing import TYPE_CHECKING, Any
 from gunicorn.http.body import LengthReader
 
 from onnxpool import drain, wire
-from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, load_settings
+from onnxpool.config.loader import ENV_HOST_DIR, ENV_POOL, ConfigError, load_settings
 from onnxpool.config.settings import Settings
+from onnxpool.host.priority import apply_nice
+from onnxpool.host.state import pool_error_file, read_host, write_pool_description
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
-from onnxpool.workers.host_state import read_host, write_pool_routes
 from onnxpool.workers.memory import MemoryProbe, ProcessMemory, read_memory
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
-from onnxpool.workers.priority import apply_nice
 from onnxpool.workers.run_folder import RunFolder
 from onnxpool.workers.session import RUNTIME
 
@@ -142,6 +142,10 @@ def _refuse(exc: Exception) -> Serving:
     """First load: one line on stderr, exit 1 before any fork. Reload: log, keep serving what runs."""
     if _serving is None:
         print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
+        host, pool = host_dir(), os.environ.get(ENV_POOL, "")
+        if host is not None and pool:  # one model of several: the host shows this line as the model's reason
+            with contextlib.suppress(OSError):
+                pool_error_file(host, pool).write_text(f"{exc}\n", encoding="utf-8")
         raise SystemExit(1) from None
     log.error("reload: keeping the running configuration and the last good model: %s", exc)
     return _serving
@@ -171,10 +175,15 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
         log.warning("%s", line)
     task = build_task(generation.loaded, generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
+    app = create_app(settings, RUNTIME, plan, task)
     host = host_dir()
-    if host is not None:  # one model of several: the host routes to this task's routes (onnxpool.host)
-        write_pool_routes(host, settings.model.name, task.routes)
-    return create_app(settings, RUNTIME, plan, task, host_dir=host)
+    if host is not None:  # one model of several: the host routes to its task's routes and lists its API
+        from onnxpool.server.auth import AUTH_KEY
+        from onnxpool.server.openapi import openapi_document
+
+        document = openapi_document(settings, task, auth=AUTH_KEY in app.extensions)
+        write_pool_description(host, settings.model.name, task.routes, document)
+    return app
 
 
 def host_dir() -> Path | None:
@@ -315,7 +324,7 @@ def post_fork(server: Any, worker: Any) -> None:
         os.sched_setaffinity(0, layout.core_share_for(slot))
     else:  # the mask is wider than the quota: other pods' cores; let the kernel place us
         cores = f"unpinned ({_core_list(layout.cores)})"
-    # One model of several without a cgroup: its budget is this worker's weight (workers/budget.py).
+    # One model of several without a cgroup: its budget is this worker's weight (host/budget.py).
     nice = _host_nice(s.settings)
     apply_nice(nice)
     model = s.settings.model

@@ -1,7 +1,7 @@
 """`onnxpool tune` on a settings file with several models: each model's budget for a traffic mix.
 
 A host that serves several models gives each a budget (`[models.<name>] cpus`: the cores' worth
-it keeps while every model is busy, workers/budget.py). Which budgets serve a mix of requests
+it keeps while every model is busy, host/budget.py). Which budgets serve a mix of requests
 best depends on what one request of each model costs, so each model is measured here, one
 after the other, in process (`measure.limit`): one worker x one thread pinned to one core,
 running its task's own requests (read -> run -> reply -> JSON, `measure.task_input`) back to
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onnxpool.config.loader import ConfigError, LoadedSettings, load_settings
+from onnxpool.host.budget import budgets
 from onnxpool.measure.limit import LimitPlan, LimitResult, measure_limit
 from onnxpool.measure.progress import Progress, bar
 from onnxpool.measure.report import format_table
 from onnxpool.measure.tomledit import set_model_cpus
-from onnxpool.workers.budget import budgets
 from onnxpool.workers.cores import plan_layout, usable_cores
 
 INPROCESS_OVERHEAD_S = 2.0

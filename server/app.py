@@ -90,7 +90,6 @@ def create_app(
     backend: InferenceBackend,
     cache: CachePlan | None = None,
     task: Task[Any, Any, Any] | None = None,
-    host_dir: Path | None = None,
 ) -> Flask:
     """Build the WSGI app for one model served by `backend`, running `task` on it.
 
@@ -122,7 +121,6 @@ def create_app(
             record_metrics=settings.metrics.enabled,
             server_timing=settings.metrics.server_timing,
         ),
-        host_dir=host_dir,
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -132,7 +130,7 @@ def create_app(
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)
     app.register_error_handler(Exception, _handle_unexpected)
-    app.register_blueprint(routes_host.blueprint)  # before v2: with several models, ready is the host's
+    app.register_blueprint(routes_host.blueprint)
     app.register_blueprint(routes_v2.blueprint)
     app.register_blueprint(routes_v1.blueprint)
     app.register_blueprint(routes_task.blueprint_for(task))

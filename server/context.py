@@ -8,7 +8,6 @@ import loops (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flask import Response, current_app
@@ -32,9 +31,6 @@ class ServerContext:
     """The model's task ([model] task), bound to the model: reads requests, runs, writes replies."""
     cache: ReplyCache
     """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
-    host_dir: Path | None = None
-    """The run folder of the host this pool is one model of (several models, onnxpool.host), else None:
-    the host's routes (health, model list, repository index, metrics) then cover every model."""
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

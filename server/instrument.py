@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, request
 from werkzeug.wsgi import ClosingIterator
 
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
 from onnxpool.server.request_state import RequestState
-from onnxpool.workers.host_state import metrics_folders as host_metrics_folders
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -113,8 +112,7 @@ def _stash_labels(model_name: str, aliases: tuple[str, ...]) -> Any:
 
 
 def _metrics_view() -> Response:
-    host_dir = current_app.extensions["onnxpool"].host_dir
-    body, content_type = metrics.render(host_metrics_folders(host_dir) if host_dir is not None else None)
+    body, content_type = metrics.render()
     return Response(body, content_type=content_type)
 
 

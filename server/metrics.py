@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -251,14 +252,17 @@ class _Pools:
         return iter(families.values())
 
 
-def render(pools: Mapping[str, Path] | None = None) -> tuple[bytes, str]:
+def render(pools: Mapping[str, Path] | None = None, extra: Sequence[Collector] = ()) -> tuple[bytes, str]:
     """The exposition text (summed over all processes in multiprocess mode) and its content type.
 
-    `pools`: the metrics folder of each model of a host that serves several: one scrape covers them all.
+    `pools`: the metrics folder of each model of a host that serves several, and `extra` the host's own
+    series (onnxpool.host's routes): one scrape covers them all.
     """
-    if pools:
+    if pools is not None:
         registry = CollectorRegistry()
         registry.register(_Pools(pools))
+        for collector in extra:
+            registry.register(collector)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     if os.environ.get(MULTIPROC_ENV):
         registry = CollectorRegistry()

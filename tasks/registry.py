@@ -201,4 +201,9 @@ def build_task(loaded: LoadedSettings, model: ModelInfo) -> AnyTask:
 def bind(task: AnyTask, model: ModelInfo) -> None:
     """Give `task` its model (master, before fork): `task.model`, then the task's own `bind`."""
     task.model = model
-    task.bind(model)
+    try:
+        task.bind(model)
+    except TaskConfigError:
+        raise
+    except Exception as exc:  # a user's task may raise anything while it reads its files or checks the model
+        raise TaskConfigError(f"task {type(task).__name__}: bind() raised {type(exc).__name__}: {exc}") from None

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from onnxpool.config.settings import ModelEntry
-from onnxpool.workers.budget import budgets, nice_for, oversubscribed_budgets, plan_models
+from onnxpool.host.budget import budgets, nice_for, oversubscribed_budgets, plan_models
+from onnxpool.host.priority import Priority, choose
 from onnxpool.workers.cores import CpuAllowance
-from onnxpool.workers.priority import Priority, choose
 
 
 def entry(**keys: object) -> ModelEntry:

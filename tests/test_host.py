@@ -40,7 +40,7 @@ import requests
 import tritonclient.http as triton
 from prometheus_client.parser import text_string_to_metric_families
 
-from onnxpool.host import js_module
+from onnxpool.host.front_door import js_module
 from onnxpool.measure.paths import CAT_JPEG
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, Server, children_of, clean_env, free_port, parse_cpu_list, proc_status, spawn_logged

@@ -1,0 +1,812 @@
+"""`onnxpool serve` on a settings file with several models: plan, render, start supervisord, answer.
+
+Who does what (docs/ARCHITECTURE.md, "Several models on one host"):
+- This process (the host; systemd's main process, a pod's command) validates the file and
+  every model's view of it, plans each model's budget and cgroup (host/budget.py,
+  host/priority.py), writes supervisord's configuration (host/supervisor.py) and starts
+  supervisord as its child. It starts nothing else itself and restarts nothing.
+- supervisord runs the programs: the janitor, the host's routes (host/routes.py), one gunicorn
+  pool per model (the one-model server, told its model by $ONNXPOOL_POOL, on a socket in the
+  run folder) and nginx (host/front_door.py). A dead pool master, nginx or routes process is
+  restarted alone, with back-off; the other models never notice.
+- This process watches: every POLL_SECONDS one call to supervisord (each program's state) and,
+  for a model that is not READY yet, one probe of its pool's /v2/health/ready. It writes each
+  model's state (READY, LOADING, UNAVAILABLE with its pool's last error line) to host.json, which
+  the host's routes read; it starts nginx once the models have started, re-renders it when the
+  routable models change, and tells systemd READY=1 (`Type=notify`).
+- SIGHUP: the file is read again and validated; a model added gets a program (routed once it is
+  ready; a failure is its own: UNAVAILABLE, the others serve), a removed one leaves nginx first
+  and then its program is stopped and removed, a changed one (its settings, its model file, its
+  task's source, its plan) gets a HUP (gunicorn replaces its workers, the old ones serving until
+  the new ones are warm). A bad file is logged and nothing changes.
+- SIGTERM / SIGINT: supervisord stops the programs in reverse order: nginx first (it finishes
+  what it holds), then the pools, the routes, the janitor (which removes the cgroups and the run
+  folder). If supervisord dies, its programs stop by their parent-death signal and this process
+  exits 1 after cleaning up; if this process is killed, supervisord stops by the same signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.util
+import json
+import logging
+import logging.config
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xmlrpc.client
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from onnxpool import logs, probe
+from onnxpool.config.loader import (
+    ENV_CONFIG_FILE,
+    ENV_HOST_DIR,
+    ENV_POOL,
+    ConfigError,
+    LoadedSettings,
+    load_settings,
+    pool_view,
+)
+from onnxpool.config.settings import ModelEntry, Settings
+from onnxpool.host import supervisor
+from onnxpool.host.budget import ModelPlan, oversubscribed_budgets, plan_models
+from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_front_door
+from onnxpool.host.priority import Priority, choose, renice_workers
+from onnxpool.host.program import PR_SET_PDEATHSIG, clean_up
+from onnxpool.host.state import (
+    METRICS_DIR,
+    NGINX_DIR,
+    POOLS_DIR,
+    HostModel,
+    pool_error_file,
+    pool_socket,
+    read_pool_description,
+    read_pool_error,
+    write_host,
+)
+from onnxpool.host.supervisor import JANITOR, NGINX, ROUTES, Program, Supervisor, pool_program, wrapped
+from onnxpool.proxy import TEMP_FOLDERS, nginx_binary
+from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
+from onnxpool.workers.cores import cpu_allowance
+from onnxpool.workers.run_folder import RunFolder
+
+log = logging.getLogger("onnxpool.host")
+
+POOL_APP = "onnxpool.gunicorn_conf"
+"""The one-model server's gunicorn configuration: each pool runs it (found, not imported: importing it
+would configure a server)."""
+READY_TIMEOUT_SECONDS = 600.0
+"""A pool's first start: the preflight and every worker's warm-up (MiniLM INT8's first build is slow)."""
+POLL_SECONDS = 0.2
+PROBE_SECONDS = 1.0
+POOL_START_SECONDS = 30
+"""supervisord's startsecs for a pool: a pool that exits sooner failed to start (back-off, retries)."""
+ROUTES_THREADS = 4
+
+
+class HostError(Exception):
+    """The host cannot serve: one line for the operator, exit 1."""
+
+
+@dataclass
+class Model:
+    """One model of the host as this process tracks it."""
+
+    name: str
+    entry: ModelEntry
+    plan: ModelPlan | None
+    address: str
+    fingerprint: str = ""
+    state: str = LOADING
+    reason: str = ""
+    required: bool = True
+    starts: int = 0
+    pid: int = 0
+    """The pool master's pid supervisord reports (0: none yet)."""
+    ready_pid: int = 0
+    """The pid that answered ready: a new pid (a restart) is LOADING until it answers."""
+    routes: tuple[str, ...] = ()
+    has_program: bool = True
+
+
+@dataclass
+class Host:
+    config_file: Path
+    loaded: LoadedSettings
+    binary: str
+    priority: Priority = field(init=False)
+    run: RunFolder = field(init=False)
+    models: dict[str, Model] = field(default_factory=dict)
+    signals: list[int] = field(default_factory=list)
+    supervisord: subprocess.Popen[bytes] | None = None
+    control: Supervisor | None = None
+    routed: tuple[PoolRoute, ...] | None = None
+    """What nginx routes now (None: nginx not started)."""
+    password: str = field(init=False)
+    """supervisord's control socket's, made for this run (in its owner-only configuration file)."""
+    notify_socket: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.priority = _priority(self.loaded.settings.server.budgets)
+        self.run = RunFolder.create(self.loaded.settings.server.run_dir)
+        # nginx started as root runs its workers as `nobody`: they must reach the pools' sockets and
+        # nginx's temp folders through this folder (traverse only; nothing here can be listed).
+        for folder in (self.run.path, self.run.path / POOLS_DIR, self.run.path / NGINX_DIR):
+            folder.mkdir(exist_ok=True)
+            folder.chmod(0o711)
+        self.password = secrets.token_urlsafe(24)
+        # Only this process talks to systemd: supervisord and the pools must not see the socket.
+        self.notify_socket = os.environ.pop("NOTIFY_SOCKET", "")
+
+    @property
+    def settings(self) -> Settings:
+        return self.loaded.settings
+
+    @property
+    def routes_address(self) -> str:
+        return f"unix:{self.run.path / 'routes.sock'}"
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _entries(self, loaded: LoadedSettings) -> tuple[dict[str, ModelEntry], dict[str, str]]:
+        """The models to serve, and those left out (an optional model whose file is missing: one line)."""
+        entries: dict[str, ModelEntry] = {}
+        left_out: dict[str, str] = {}
+        for name, entry in loaded.settings.models.items():
+            if not entry.path.is_file():
+                problem = f"model {name}: {entry.path} does not exist"
+                if not entry.optional:
+                    raise HostError(f"{problem} ([models.{name}] optional = true serves the others without it)")
+                log.warning("%s; the other models serve without it (optional = true)", problem)
+                left_out[name] = f"{entry.path} does not exist"
+                continue
+            # Each pool's own view of the file, validated now: a mistake stops the host before it starts
+            # anything (or, on a reload, changes nothing), in one line.
+            load_settings(self.config_file, pool=name)
+            entries[name] = entry
+        if not entries:
+            raise HostError("no model to serve")
+        return entries, left_out
+
+    def _plan(self, loaded: LoadedSettings) -> tuple[dict[str, ModelPlan], dict[str, str]]:
+        entries, left_out = self._entries(loaded)
+        allowance = cpu_allowance()
+        plans = plan_models(entries, allowance)
+        for plan in plans.values():
+            layout = plan.layout
+            shares = (
+                " ".join(f"w{slot}:{_cores(layout.core_share_for(slot))}" for slot in range(layout.workers))
+                if layout.pinned
+                else f"unpinned within {_cores(layout.cores)}"
+            )
+            log.info(
+                "model %s: budget %.2g cpu; %d workers x %d threads; cores %s; priority %s",
+                plan.name,
+                plan.budget,
+                layout.workers,
+                layout.threads,
+                shares,
+                self.priority.describe(plan),
+            )
+        total = oversubscribed_budgets(plans, allowance.cpus)
+        if total is not None:
+            log.warning(
+                "budgets sum to %.3g cpus on %d usable: they hold as proportions of the host", total, allowance.cpus
+            )
+        return plans, left_out
+
+    def _fingerprint(self, name: str, plan: ModelPlan) -> str:
+        """What a pool serves: a change (its settings, its model file, its task's source, its plan)
+        replaces its workers on HUP. Its nice value is not part of it: it follows the neighbours'
+        budgets, and a reload that changes only it renices the running workers (`reload`)."""
+        raw = _read_raw(self.config_file)
+        entry = self.settings.models[name]
+        stat = entry.path.stat()
+        document = {
+            "view": pool_view(raw, name, self.config_file),
+            "file": [stat.st_mtime_ns, stat.st_size],
+            "task": _task_source_stamp(entry.task, self.config_file.parent),
+            "plan": [plan.budget, plan.layout.workers, plan.layout.threads],
+        }
+        return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+
+    # -- supervisord ----------------------------------------------------------------------
+
+    def _programs(self) -> list[Program]:
+        run = self.run.path
+        graceful = self.settings.server.graceful_timeout
+        env = {ENV_CONFIG_FILE: str(self.config_file), ENV_HOST_DIR: str(run)}
+        programs = [
+            Program(
+                JANITOR,
+                [
+                    sys.executable,
+                    "-m",
+                    "onnxpool.host.program",
+                    "janitor",
+                    "--run-dir",
+                    str(run),
+                    "--cgroup",
+                    str(self.priority.folder or ""),
+                    "--wait",
+                    str(graceful + 10),
+                ],
+                supervisor.PRIORITY[JANITOR],
+                stopwaitsecs=graceful + 20,
+            ),
+            Program(
+                ROUTES,
+                wrapped(
+                    run,
+                    ROUTES,
+                    [
+                        sys.executable,
+                        "-m",
+                        "gunicorn",
+                        "--bind",
+                        self.routes_address,
+                        "--workers",
+                        "1",
+                        "--worker-class",
+                        "gthread",
+                        "--threads",
+                        str(ROUTES_THREADS),
+                        "--no-control-socket",
+                        "--graceful-timeout",
+                        str(graceful),
+                        "--log-level",
+                        "warning",
+                        "--error-logfile",
+                        "-",
+                        "--worker-tmp-dir",
+                        str(run),
+                        "onnxpool.host.routes:create_app()",
+                    ],
+                ),
+                supervisor.PRIORITY[ROUTES],
+                environment=env,
+                stopwaitsecs=graceful + 5,
+            ),
+        ]
+        for name, model in self.models.items():
+            if not model.has_program:
+                continue
+            programs.append(
+                Program(
+                    pool_program(name),
+                    wrapped(
+                        run,
+                        pool_program(name),
+                        [sys.executable, "-m", "gunicorn", "-c", _pool_conf()],
+                        cgroup=self.priority.group(name),
+                    ),
+                    supervisor.POOL_PRIORITY,
+                    environment={
+                        **env,
+                        ENV_POOL: name,
+                        "ONNXPOOL_SERVER__BIND": model.address,
+                        # No pid file of its own (the host's), no control socket, no nginx of its own to wait for.
+                        "ONNXPOOL_SERVER__PIDFILE": "",
+                        "ONNXPOOL_SERVER__CONTROL_SOCKET": "",
+                        "ONNXPOOL_NGINX__PIDFILE": "",
+                        "ONNXPOOL_METRICS__DIR": str(run / METRICS_DIR / name),
+                    },
+                    stopwaitsecs=graceful + 5,
+                    startsecs=POOL_START_SECONDS,
+                )
+            )
+        nginx_conf = run / NGINX_DIR / "nginx.conf"
+        programs.append(
+            Program(
+                NGINX,
+                wrapped(
+                    run,
+                    NGINX,
+                    [self.binary, "-p", str(nginx_conf.parent), "-c", str(nginx_conf), "-e", "stderr"],
+                    leftover_signal="QUIT",
+                ),
+                supervisor.PRIORITY[NGINX],
+                autostart=False,
+                stopsignal="QUIT",  # graceful: it finishes what it holds
+                stopwaitsecs=graceful + 5,
+            )
+        )
+        return programs
+
+    def _write_supervisor_conf(self) -> Path:
+        path = self.run.path / "supervisor" / "supervisord.conf"
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.write_text(supervisor.render(self.run.path, self._programs(), self.password), encoding="utf-8")
+        path.chmod(0o600)
+        return path
+
+    def _start_supervisord(self) -> None:
+        conf = self._write_supervisor_conf()
+        env = dict(os.environ)
+        env.setdefault("ORT_DISABLE_TELEMETRY", "1")
+        self.supervisord = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+            env=env,
+            preexec_fn=_die_with_parent,  # this process killed: supervisord stops every program, in order
+        )
+        self.control = Supervisor(self.run.path, self.password)
+        self.control.wait_running(lambda: self.supervisord is not None and self.supervisord.poll() is None)
+
+    # -- watching -------------------------------------------------------------------------
+
+    def _poll(self) -> bool:
+        """One look at every program: update each model's state; True when a state changed."""
+        assert self.control is not None
+        try:
+            states = self.control.states()
+        except supervisor.CALL_ERRORS:
+            self.control.reconnect()
+            return False  # supervisord is stopping or gone: `serve` sees its exit
+        changed = False
+        for name, model in self.models.items():
+            info = states.get(pool_program(name)) if model.has_program else None
+            if info is None:
+                continue
+            statename, pid = info["statename"], int(info["pid"] or 0)
+            if pid and pid != model.pid:
+                model.pid = pid
+                model.starts += 1
+                if model.starts > 1:
+                    log.warning("model %s: its pool was restarted by the supervisor (pid %d)", name, pid)
+            if statename in supervisor.RUNNING_STATES and pid:
+                if model.ready_pid != pid:
+                    if probe.probe(model.address, "/v2/health/ready", timeout=PROBE_SECONDS) is None:
+                        description = read_pool_description(self.run.path, name)
+                        model.routes = description.routes if description is not None else ()
+                        model.ready_pid = pid
+                        changed |= self._set(model, READY, "")
+                    else:
+                        changed |= self._set(model, LOADING, "")
+            elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
+                model.ready_pid = 0
+                error = read_pool_error(self.run.path, name)
+                status = info.get("exitstatus")
+                why = error or f"its pool exited (status {status}); see the host's log"
+                if statename == "BACKOFF":
+                    why += " (restarting with back-off)"
+                changed |= self._set(model, UNAVAILABLE, why)
+        return changed
+
+    def _set(self, model: Model, state: str, reason: str) -> bool:
+        if (model.state, model.reason) == (state, reason):
+            return False
+        if state == READY:
+            model.required = model.required or not model.entry.optional
+            log.info("model %s: READY (pool pid %d)", model.name, model.pid)
+        elif state == UNAVAILABLE:
+            log.error("model %s: UNAVAILABLE: %s", model.name, reason)
+        model.state, model.reason = state, reason
+        return True
+
+    def _publish(self) -> None:
+        models = []
+        for name, model in self.models.items():
+            plan = model.plan
+            models.append(
+                HostModel(
+                    name=name,
+                    version=model.entry.version,
+                    aliases=model.entry.aliases,
+                    address=model.address if model.has_program else "",
+                    state=model.state,
+                    reason=model.reason,
+                    budget=plan.budget if plan else 0.0,
+                    workers=plan.layout.workers if plan else 0,
+                    threads=plan.layout.threads if plan else 0,
+                    priority=self.priority.describe(plan) if plan else "",
+                    nice=plan.nice if plan and self.priority.kind == "nice" else 0,
+                    required=model.required,
+                    starts=model.starts,
+                )
+            )
+        write_host(self.run.path, models)
+
+    # -- the front door -------------------------------------------------------------------
+
+    def _routable(self) -> tuple[PoolRoute, ...]:
+        """The pools nginx routes to: every model with a program whose pool has loaded once, in the
+        file's order (a route several models' tasks have, /predict, is the first one's)."""
+        return tuple(
+            PoolRoute(name=name, aliases=model.entry.aliases, address=model.address, routes=model.routes)
+            for name, model in self.models.items()
+            if model.has_program and model.ready_pid
+        )
+
+    def _front_door_files(self, pools: tuple[PoolRoute, ...]) -> Path:
+        folder = self.run.path / NGINX_DIR
+        for name in TEMP_FOLDERS:
+            (folder / "tmp" / name).mkdir(parents=True, exist_ok=True)
+        nginx = self.settings.nginx
+        explicit_log = not self.loaded.sources.get("nginx.access_log", "default").startswith("default")
+        settings = self.settings.model_copy(
+            update={
+                "nginx": nginx.model_copy(
+                    update={
+                        "listen": self.settings.server.bind,
+                        "pidfile": str(folder / "nginx.pid"),
+                        "access_log": nginx.access_log if explicit_log else "",
+                    }
+                )
+            }
+        )
+        main = write_front_door(folder, settings, pools, self.routes_address, self.binary)
+        check = subprocess.run(
+            [self.binary, "-p", str(folder), "-c", str(main), "-t", "-q"], check=False, capture_output=True
+        )
+        if check.returncode != 0:
+            raise FrontDoorError(f"nginx refused {main}: {check.stderr.decode(errors='replace').strip()}")
+        return main
+
+    def _route(self) -> None:
+        """Start nginx, or re-render it when the routable pools changed (a HUP: its old workers finish
+        what they hold). A model that cannot be routed (nginx's js module missing) is UNAVAILABLE."""
+        assert self.control is not None
+        pools = self._routable()
+        if pools == self.routed:
+            return
+        try:
+            self._front_door_files(pools)
+        except FrontDoorError as exc:
+            if self.routed is None:
+                raise HostError(str(exc)) from None
+            added = [pool.name for pool in pools if pool.name not in {known.name for known in self.routed}]
+            for name in added:
+                self._set(self.models[name], UNAVAILABLE, str(exc))
+                self._drop_program(name)
+            self._publish()
+            return
+        if self.routed is None:
+            self.control.start(NGINX)
+            self._wait_front_door()
+        else:
+            self.control.signal(NGINX, "HUP")
+        self.routed = pools
+
+    def _wait_front_door(self) -> None:
+        """Until nginx answers on [server] bind (any HTTP reply)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            connection = probe.connection(self.settings.server.bind, PROBE_SECONDS)
+            try:
+                connection.request("GET", "/nginx/live")
+                connection.getresponse().read()
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                connection.close()
+        raise HostError(f"nginx does not answer on {self.settings.server.bind} (its error is above)")
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def notify(self, state: str) -> None:
+        """systemd's readiness protocol (`Type=notify`, NotifyAccess=main): this process is the unit's."""
+        address = self.notify_socket
+        if not address:
+            return
+        if address.startswith("@"):
+            address = "\0" + address[1:]  # an abstract socket
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+
+    def _track(self, plans: dict[str, ModelPlan], left_out: dict[str, str], required: bool) -> None:
+        """Records for the file's models, in its order (`required`: the models of the start)."""
+        models: dict[str, Model] = {}
+        for name, entry in self.settings.models.items():
+            known = self.models.get(name)
+            plan = plans.get(name)
+            if known is not None and known.has_program and plan is not None:
+                known.entry, known.plan = entry, plan
+                models[name] = known
+                continue
+            model = Model(
+                name=name,
+                entry=entry,
+                plan=plan,
+                address=entry.bind or pool_socket(self.run.path, name),
+                required=required and not entry.optional,
+                has_program=plan is not None,
+            )
+            if plan is None:
+                model.state, model.reason = UNAVAILABLE, left_out.get(name, "not planned")
+            else:
+                model.fingerprint = self._fingerprint(name, plan)
+            models[name] = model
+        self.models = models
+
+    def start(self) -> int | None:
+        """Until every model started (or failed) and nginx is up; an exit status if the host must stop."""
+        if self.priority.kind == "nice":
+            log.info("budgets are held by nice values per worker (%s)", self.priority.why)
+        try:
+            plans, left_out = self._plan(self.loaded)
+        except ConfigError as exc:
+            raise HostError(str(exc)) from None
+        self._track(plans, left_out, required=True)
+        for name in plans:
+            (self.run.path / METRICS_DIR / name).mkdir(parents=True, exist_ok=True)
+        self.priority.apply(plans.values())
+        self._publish()  # the pools' workers read their nice value from it
+        self._start_supervisord()
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while True:
+            if self._stop_requested():
+                return 0
+            if self._supervisor_died():
+                raise HostError("supervisord exited while the models were starting (its error is above)")
+            if self._poll():
+                self._publish()
+            for model in self.models.values():
+                if model.state == UNAVAILABLE and model.required and model.has_program:
+                    raise HostError(f"model {model.name}: {model.reason}")
+            waiting = [m.name for m in self.models.values() if m.has_program and m.state == LOADING]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise HostError(f"models {', '.join(waiting)}: not ready after {READY_TIMEOUT_SECONDS:.0f} s")
+            time.sleep(POLL_SECONDS)
+        self._route()
+        self._publish()
+        self.notify("READY=1")
+        log.info(
+            "front door: nginx on %s routes %d models: %s",
+            self.settings.server.bind,
+            len(self.routed or ()),
+            ", ".join(f"{pool.name} -> {pool.address}" for pool in self.routed or ()),
+        )
+        return None
+
+    def _stop_requested(self) -> bool:
+        return any(signum != signal.SIGHUP for signum in self.signals)
+
+    def _supervisor_died(self) -> bool:
+        return self.supervisord is None or self.supervisord.poll() is not None
+
+    def reload(self) -> None:
+        """HUP: apply the re-read settings file to the models it changes, and only those."""
+        assert self.control is not None
+        previous = self.loaded
+        try:
+            loaded = load_settings(self.config_file, pool="")
+            if not loaded.settings.models:
+                raise ConfigError("the file no longer names several models ([models.<name>])")
+            self.loaded = loaded
+            plans, left_out = self._plan(loaded)
+        except (ConfigError, HostError, OSError) as exc:
+            self.loaded = previous
+            log.error("reload: keeping the running models: %s", exc)
+            return
+        old = self.models
+        removed = [name for name, model in old.items() if model.has_program and name not in plans]
+        self.priority.apply(plans.values())
+        self._track(plans, left_out, required=False)
+        for name in plans:
+            (self.run.path / METRICS_DIR / name).mkdir(parents=True, exist_ok=True)
+        for name in removed:  # out of nginx first: its pool finishes what nginx already sent it
+            self.models[name] = Model(name, old[name].entry, None, "", state=UNAVAILABLE, has_program=False)
+        self._publish()
+        self._route()
+        for name in removed:
+            log.info("reload: model %s removed: its pool stops after its in-flight requests", name)
+            self._drop_program(name)
+            del self.models[name]
+        self._update_programs()
+        for name, model in self.models.items():
+            if not model.has_program or name not in old or not old[name].has_program:
+                continue
+            fingerprint = self._fingerprint(name, plans[name])
+            if fingerprint != old[name].fingerprint:
+                log.info("reload: model %s changed: its workers are replaced", name)
+                model.fingerprint = fingerprint
+                pool_error_file(self.run.path, name).unlink(missing_ok=True)
+                self.control.signal(pool_program(name), "HUP")
+            else:
+                model.fingerprint = old[name].fingerprint
+                before = old[name].plan
+                if self.priority.kind == "nice" and before is not None and before.nice != plans[name].nice:
+                    reniced = renice_workers(model.pid, plans[name].nice)
+                    log.info(
+                        "reload: model %s: nice %d for its %d workers (its neighbours' budgets changed)",
+                        name,
+                        plans[name].nice,
+                        len(reniced),
+                    )
+        self.control.signal(ROUTES, "HUP")  # keys, docs and metrics settings
+        self._publish()
+
+    def _update_programs(self) -> None:
+        """supervisord reads its configuration anew; programs added are started (supervisorctl update)."""
+        assert self.control is not None
+        self._write_supervisor_conf()
+        added, changed, _removed = self.control.update()
+        for program in changed:  # its command or environment changed (a model's `bind`): started anew
+            log.info("reload: program %s changed: restarted", program)
+            self.control.remove(program)
+            self.control.add(program)
+        for program in added:
+            name = program.removeprefix(supervisor.POOL_PREFIX)
+            if name in self.models:
+                log.info("reload: model %s added: its pool starts", name)
+                pool_error_file(self.run.path, name).unlink(missing_ok=True)
+            self.control.add(program)
+
+    def _drop_program(self, name: str) -> None:
+        """Stop and forget a model's program; its metrics, files and cgroup go with it."""
+        assert self.control is not None
+        model = self.models.get(name)
+        if model is not None:
+            model.has_program = False
+        self._write_supervisor_conf()
+        with contextlib.suppress(xmlrpc.client.Fault):
+            self.control.remove(pool_program(name))
+        shutil.rmtree(self.run.path / METRICS_DIR / name, ignore_errors=True)
+        for suffix in (".json", ".error"):
+            (self.run.path / POOLS_DIR / f"{name}{suffix}").unlink(missing_ok=True)
+        self.priority.remove(name)
+
+    def serve(self) -> int:
+        """Until a signal stops the host (0), or supervisord dies (1: systemd or the kubelet restarts it)."""
+        while True:
+            while self.signals:
+                signum = self.signals.pop(0)
+                if signum == signal.SIGHUP:
+                    log.info("reload: re-reading %s", self.config_file)
+                    self.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+                    try:
+                        self.reload()
+                    except (*supervisor.CALL_ERRORS, HostError) as exc:
+                        log.error("reload: not finished: %s", exc)
+                    self.notify("READY=1")
+                else:
+                    log.info("stopping (%s): nginx first, then the pools", signal.Signals(signum).name)
+                    self.notify("STOPPING=1")
+                    return self.stop()
+            if self._supervisor_died():
+                status = self.supervisord.returncode if self.supervisord is not None else None
+                log.error("supervisord exited (status %s): its programs stop with it; the host exits 1", status)
+                self.clean_up()
+                return 1
+            changed = self._poll()
+            try:
+                self._route()
+            except HostError as exc:
+                log.error("front door: %s", exc)
+            if changed:
+                self._publish()
+            time.sleep(POLL_SECONDS)
+
+    def stop(self) -> int:
+        """supervisord stops its programs in reverse order (nginx first); then nothing of the host is left."""
+        if self.supervisord is not None and self.supervisord.poll() is None:
+            self.supervisord.send_signal(signal.SIGTERM)
+            try:
+                self.supervisord.wait(timeout=self.settings.server.graceful_timeout * 3 + 30)
+            except subprocess.TimeoutExpired:
+                self.supervisord.kill()
+                self.supervisord.wait()
+        self.clean_up()
+        return 0
+
+    def clean_up(self) -> None:
+        clean_up(self.run.path, self.priority.folder, self.settings.server.graceful_timeout + 10)
+        self.priority.remove()
+
+
+def _pool_conf() -> str:
+    spec = importlib.util.find_spec(POOL_APP)
+    if spec is None or spec.origin is None:
+        raise HostError(f"{POOL_APP} is not installed with onnxpool: reinstall it")
+    return spec.origin
+
+
+def _die_with_parent() -> None:
+    """In supervisord's process before exec: SIGTERM when the host dies (it then stops every program)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _task_source_stamp(spec: str, base: Path) -> list[object]:
+    """The task's source file (size and mtime) for a task of one's own: a changed file replaces its
+    model's workers on HUP, as on a one-model server. A built-in task changes with onnxpool's version."""
+    module, sep, _cls = spec.rpartition(":")
+    if not sep:
+        from onnxpool import __version__
+
+        return [spec, __version__]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base / module
+    else:
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return [spec]
+        if found is None or found.origin is None:
+            return [spec]
+        path = Path(found.origin)
+    try:
+        stat = path.stat()
+    except OSError:
+        return [spec]
+    return [str(path), stat.st_mtime_ns, stat.st_size]
+
+
+def _priority(budgets: str) -> Priority:
+    """`[server] budgets`: the mechanism that holds the budgets (host/priority.py)."""
+    if budgets == "nice":
+        return Priority("nice", why="[server] budgets = nice")
+    chosen = choose(f"{os.getpid()}")
+    if budgets == "cgroup" and chosen.kind == "nice":
+        raise HostError(f"[server] budgets = cgroup, but no cgroup can be made here: {chosen.why}")
+    return chosen
+
+
+def _read_raw(path: Path) -> dict[str, object]:
+    import tomllib
+
+    with path.open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def _cores(cores: tuple[int, ...]) -> str:
+    return ",".join(map(str, cores)) or "none"
+
+
+def serve_models(config_file: Path) -> int:
+    """`onnxpool serve` with several models: returns the exit status."""
+    try:
+        loaded = load_settings(config_file, pool="")
+    except ConfigError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
+    logging.config.dictConfig(logs.logconfig_dict(loaded.settings.logging))
+    binary = nginx_binary()
+    if binary is None:
+        print(
+            "onnxpool: error: several models are served behind nginx (their one front door on [server] bind), "
+            "and nginx is not installed (Debian: apt-get install nginx-light)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        host = Host(config_file, loaded, binary)
+    except HostError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
+
+    def remember(signum: int, _frame: FrameType | None) -> None:
+        host.signals.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(signum, remember)
+    pidfile = Path(loaded.settings.server.pidfile) if loaded.settings.server.pidfile else None
+    if pidfile is not None:
+        pidfile.write_text(f"{os.getpid()}\n")
+    try:
+        try:
+            status = host.start()
+        except (HostError, ConfigError, OSError) as exc:
+            print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
+            host.stop()
+            return 1
+        if status is not None:
+            log.info("stopped while the models were starting")
+            return host.stop()
+        return host.serve()
+    finally:
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)

@@ -1,0 +1,178 @@
+"""The front door of a host serving several models: nginx's files, rendered from the models' pools.
+
+One nginx on `[server] bind` routes each request by its URI (a `map`): `/v2/models/<name or
+alias>/...` and `/v1/models/<name or alias>...` to that model's pool, a task route without a
+model in it (`/predict`, `/v1/embeddings`) to the first model that has it, except OpenAI
+embeddings when several models take them (nginx's js module reads the body's `model`,
+route_by_model.js), and everything else to the host's routes (host/routes.py: health, the model
+lists, the repository index, one /metrics, /openapi.json and /docs, the 404 for an unknown model).
+The site itself is config/nginx's, as for one model behind `onnxpool nginx`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxpool.config.nginx import SiteTemplate, proxy_block, render_main, render_site, upstream_block
+from onnxpool.config.settings import Settings
+
+ROUTER_FILE = Path(__file__).resolve().with_name("route_by_model.js")
+ROUTER_MODULE = "ngx_http_js_module.so"
+"""nginx's JavaScript module (Debian: libnginx-mod-http-js): routes a request by the `model` its JSON body names."""
+EMBEDDINGS_ROUTE = "/v1/embeddings"
+"""The one route whose model is named in the body (OpenAI's); with several text models nginx reads it."""
+HOST_UPSTREAM = "onnxpool_host"
+"""The host's routes (host/routes.py): every request that names no model the host serves."""
+
+
+class FrontDoorError(Exception):
+    """The front door cannot be written as asked: one line for the operator."""
+
+
+@dataclass(frozen=True)
+class PoolRoute:
+    """One model's pool behind the front door: its names, its address and its task's routes."""
+
+    name: str
+    aliases: tuple[str, ...]
+    address: str
+    """`unix:/path.sock` or `HOST:PORT`."""
+    routes: tuple[str, ...]
+    """The task's POST routes (`/predict`, `/v1/embeddings`, `/v2/models/<model>/classify`...)."""
+
+    @property
+    def upstream(self) -> str:
+        return f"onnxpool_{re.sub(r'[^A-Za-z0-9_]', '_', self.name)}_{_short_hash(self.name)}"
+
+    @property
+    def url_names(self) -> tuple[str, ...]:
+        """The names a URL may carry (an alias with a `/`, a Hugging Face id, is for request bodies only)."""
+        return (self.name, *(alias for alias in self.aliases if "/" not in alias))
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def shared_routes(pools: Sequence[PoolRoute]) -> dict[str, list[PoolRoute]]:
+    """Routes without a model in the URL (`/predict`, `/v1/embeddings`) and the pools that have each."""
+    found: dict[str, list[PoolRoute]] = {}
+    for pool in pools:
+        for route in pool.routes:
+            if "<model>" not in route:
+                found.setdefault(route, []).append(pool)
+    return found
+
+
+def needs_router(pools: Sequence[PoolRoute]) -> bool:
+    """Several pools take OpenAI embeddings: nginx must read each body's `model` (its js module)."""
+    return len(shared_routes(pools).get(EMBEDDINGS_ROUTE, [])) > 1
+
+
+def _nginx_regex(names: Sequence[str]) -> str:
+    return "|".join(re.sub(r"([.\\^$|?*+()\[\]{}])", r"\\\1", name) for name in names)
+
+
+def _routing(pools: Sequence[PoolRoute], router: Path | None) -> str:
+    """The map from a request's URI to its model's pool (and the js router for body-named models)."""
+    lines = [
+        "",
+        "# Which model's pool answers: /v2/models/<name>/..., /v1/models/<name>..., a task's own",
+        "# route, else the host's routes (health, model lists, repository index, metrics, API page).",
+        "map $uri $onnxpool_pool {",
+        f"    default {HOST_UPSTREAM};",
+    ]
+    for route, owners in shared_routes(pools).items():
+        if route == EMBEDDINGS_ROUTE and len(owners) > 1:
+            continue  # the body names the model: route_by_model.js
+        lines.append(f"    {route} {owners[0].upstream};")
+    for pool in pools:
+        names = _nginx_regex(pool.url_names)
+        lines.append(f'    "~^/v2/models/({names})(/|$)" {pool.upstream};')
+        lines.append(f'    "~^/v1/models/({names})(:|/|$)" {pool.upstream};')
+    lines.append("}")
+    if router is not None:
+        lines.append(f"js_import onnxpool_router from {router};")
+    return "\n".join(lines) + "\n"
+
+
+def router_script(pools: Sequence[PoolRoute]) -> str:
+    """route_by_model.js with this host's table: each name and alias -> its pool's named location."""
+    owners = shared_routes(pools).get(EMBEDDINGS_ROUTE, [])
+    table = {name: f"@{pool.upstream}" for pool in owners for name in (pool.name, *pool.aliases)}
+    text = ROUTER_FILE.read_text(encoding="utf-8")
+    return SiteTemplate(text).substitute(
+        table=json.dumps(table, sort_keys=True), served=json.dumps(", ".join(pool.name for pool in owners))
+    )
+
+
+def _model_locations(settings: Settings, pools: Sequence[PoolRoute]) -> str:
+    owners = shared_routes(pools)[EMBEDDINGS_ROUTE]
+    text = [
+        "    # Several text models: nginx reads the body (kept in memory) and its `model` picks the pool.",
+        f"    location = {EMBEDDINGS_ROUTE} {{",
+        f"        client_body_buffer_size {settings.server.max_body_bytes};",
+        "        client_body_in_single_buffer on;",
+        "        js_content onnxpool_router.route;",
+        "    }",
+    ]
+    for pool in owners:
+        text += [f"    location @{pool.upstream} {{", proxy_block(settings, pool.upstream) + "    }"]
+    return "\n".join(text) + "\n\n"
+
+
+def render_host_site(settings: Settings, pools: Sequence[PoolRoute], host_address: str, router: Path | None) -> str:
+    """The site: an upstream per pool and one for the host's routes, the routing map, the locations
+    of body-routed models (`router`: route_by_model.js as written for this host, when `needs_router`)."""
+    upstreams = upstream_block(HOST_UPSTREAM, [host_address], settings, comment=False) + "".join(
+        upstream_block(pool.upstream, [pool.address], settings, comment=False) for pool in pools
+    )
+    routed = router if needs_router(pools) else None
+    return render_site(
+        settings,
+        upstreams=upstreams,
+        routing=_routing(pools, routed),
+        model_locations=_model_locations(settings, pools) if routed is not None else "",
+        passed="$onnxpool_pool",
+    )
+
+
+def js_module(binary: str) -> Path | None:
+    """nginx's js module file, from `nginx -V`'s modules path (Debian: /usr/lib/nginx/modules)."""
+    try:
+        text = subprocess.run([binary, "-V"], capture_output=True, text=True, check=False).stderr
+    except OSError:
+        return None
+    found = re.search(r"--modules-path=(\S+)", text)
+    folders = [Path(found.group(1))] if found else []
+    folders.append(Path("/usr/lib/nginx/modules"))
+    return next((folder / ROUTER_MODULE for folder in folders if (folder / ROUTER_MODULE).is_file()), None)
+
+
+def write_front_door(
+    folder: Path, settings: Settings, pools: Sequence[PoolRoute], host_address: str, binary: str
+) -> Path:
+    """Write nginx's files into `folder` (settings.nginx: listen, pidfile, access log as the host sets
+    them); returns its main configuration. Raises FrontDoorError when the js module is needed and missing."""
+    router = folder / "route_by_model.js"
+    modules: list[Path] = []
+    if needs_router(pools):
+        module = js_module(binary)
+        if module is None:
+            raise FrontDoorError(
+                "several models take OpenAI embeddings: nginx routes them by the body's `model` with its js "
+                "module, which is not installed (Debian: apt-get install libnginx-mod-http-js)"
+            )
+        modules.append(module)
+        router.write_text(router_script(pools), encoding="utf-8")
+    site = folder / "onnxpool-site.conf"
+    site.write_text(render_host_site(settings, pools, host_address, router), encoding="utf-8")
+    main = folder / "nginx.conf"
+    main.write_text(render_main(settings, site, modules), encoding="utf-8")
+    return main

@@ -1,0 +1,193 @@
+"""`python -m onnxpool.host.program ...`: how supervisord starts each program of a host, and its janitor.
+
+supervisord forks each program in a process group of its own (it calls setpgrp) and then execs
+its command: this module, which prepares the process and execs the program's real command
+(gunicorn for a model's pool and for the host's routes, nginx for the front door). Standard
+library only: it runs at every (re)start, before the program's own start-up.
+
+Process rules, in the order they run:
+1. Leftovers of this program's previous run are stopped first. A pool master killed with
+   SIGKILL leaves its workers (they notice only after gunicorn's timeout / 2), an nginx master
+   its workers (which never notice, and keep the port): their process group, recorded in the
+   program's group file, is sent `--leftover-signal` and waited for, then SIGKILL. So a
+   restarted program never shares its socket or port with a ghost, and a stopped one leaves
+   nothing behind.
+2. This process's group (its own pid) is recorded in the group file.
+3. It joins its model's cgroup (`--cgroup`) before exec: gunicorn's workers, its preflight and
+   every replacement worker are forked from it, so they are all in the model's cgroup and weigh
+   its budget.
+4. The parent-death signal is set (`--deathsig`): if supervisord dies (SIGKILL), the kernel sends
+   it to this process, so a pool stops gracefully and nginx finishes what it holds; nothing runs
+   on without its supervisor. It survives exec (unless set-uid), and is not inherited by forks.
+
+`janitor` is the program supervisord starts first and stops last: on SIGTERM (supervisord
+stopping, or its own death) it waits for every other program's group to be gone, then removes
+the models' cgroups and the host's run folder. So even a host process killed with SIGKILL (its
+supervisord then gets SIGTERM by the same parent-death signal) leaves no process, cgroup or
+folder behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+LEFTOVER_SECONDS = 10.0
+"""How long a program's start waits for its previous run's processes after `--leftover-signal`."""
+POLL_SECONDS = 0.05
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid` in this process's session, from /proc.
+
+    The session check keeps a recorded group whose number the kernel gave to someone else since
+    (pid reuse) out of reach: every program of a host is in the host's session (supervisord makes
+    process groups, not sessions)."""
+    session = os.getsid(0)
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            if int(fields[2]) == pgid and int(fields[3]) == session and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def read_group(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_group(pgid: int, sig: int, seconds: float) -> list[int]:
+    """Send `sig` to the group, wait up to `seconds` for it to empty, then SIGKILL what is left.
+    Returns the pids that had to be killed."""
+    own = os.getpgrp()
+    if pgid <= 1 or pgid == own or not group_members(pgid):
+        return []
+    for pid in group_members(pgid):  # by pid, not killpg: only the members in this session
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + seconds
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    killed = group_members(pgid)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        while group_members(pgid) and time.monotonic() < deadline + seconds:
+            time.sleep(POLL_SECONDS)
+    return killed
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """prctl(PR_SET_PDEATHSIG): the kernel sends `sig` to this process when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _signal(name: str) -> int:
+    return int(getattr(signal, f"SIG{name.upper().removeprefix('SIG')}"))
+
+
+def run(args: argparse.Namespace) -> None:
+    """Prepare this process (module doc, steps 1-4) and exec the program's command."""
+    parent = os.getppid()
+    group_file = Path(args.group_file)
+    previous = read_group(group_file)
+    if previous is not None:
+        killed = stop_group(previous, _signal(args.leftover_signal), LEFTOVER_SECONDS)
+        if killed:
+            print(f"onnxpool.host: {group_file.stem}: killed {len(killed)} leftover processes", file=sys.stderr)
+    group_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = group_file.with_name(f".{group_file.name}.{os.getpid()}")
+    partial.write_text(f"{os.getpgrp()}\n")
+    os.replace(partial, group_file)
+    if args.cgroup:
+        (Path(args.cgroup) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    set_parent_death_signal(_signal(args.deathsig))
+    if os.getppid() != parent:  # supervisord died before the signal was set: it will never be sent
+        raise SystemExit(1)
+    os.execvp(args.command[0], args.command)
+
+
+def janitor(args: argparse.Namespace) -> None:
+    """Wait for SIGTERM (module doc), then clean up after every other program of the host."""
+    set_parent_death_signal(signal.SIGTERM)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the host stops in order
+    while not stopping:
+        signal.pause()
+    clean_up(Path(args.run_dir), Path(args.cgroup) if args.cgroup else None, args.wait)
+
+
+def clean_up(run_dir: Path, cgroup: Path | None, wait: float) -> None:
+    """Once every program's group is gone (or killed after `wait` s): remove the cgroups and the folder."""
+    own = os.getpgrp()
+    groups = [read_group(path) for path in sorted((run_dir / "programs").glob("*.pgid"))]
+    deadline = time.monotonic() + wait
+    for pgid in groups:
+        if pgid is None or pgid == own:
+            continue
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        stop_group(pgid, signal.SIGKILL, 2.0)
+    if cgroup is not None:
+        remove_cgroup_tree(cgroup, deadline)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def remove_cgroup_tree(folder: Path, deadline: float) -> None:
+    """rmdir the host's cgroup and its children (a cgroup folder goes once its processes have left)."""
+    if not folder.is_dir():
+        return
+    for child in sorted((path for path in folder.iterdir() if path.is_dir()), reverse=True):
+        remove_cgroup_tree(child, deadline)
+    while True:
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(POLL_SECONDS)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m onnxpool.host.program")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    exec_ = sub.add_parser("exec", help="prepare this process and exec COMMAND (supervisord's programs)")
+    exec_.add_argument("--group-file", required=True, help="where this program's process group is recorded")
+    exec_.add_argument("--cgroup", default="", help="the model's cgroup folder to join before exec")
+    exec_.add_argument("--deathsig", default="TERM", help="signal sent to this program when supervisord dies")
+    exec_.add_argument("--leftover-signal", default="TERM", help="signal for the previous run's processes")
+    exec_.add_argument("command", nargs="+")
+    janitor_ = sub.add_parser("janitor", help="remove the host's cgroups and run folder when the host stops")
+    janitor_.add_argument("--run-dir", required=True)
+    janitor_.add_argument("--cgroup", default="")
+    janitor_.add_argument("--wait", type=float, default=35.0, help="seconds to wait for the other programs")
+    args = parser.parse_args(argv)
+    if args.mode == "exec":
+        run(args)
+    else:
+        janitor(args)
+
+
+if __name__ == "__main__":
+    main()

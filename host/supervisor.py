@@ -1,0 +1,207 @@
+"""supervisord for a host serving several models: its configuration, and the calls the host makes.
+
+supervisord (PyPI `supervisor`) runs every process of the host but the host itself: the janitor
+(started first, stopped last), the host's routes, one gunicorn pool per model, and nginx
+(started by the host once the pools are ready; stopped first). What it does that the host does
+not: restart a program that dies, alone, with a growing back-off; stop a program's whole process
+group (`killasgroup`) when it does not stop in time; start programs in priority order and stop
+them in the reverse order, each group stopped before the next. The host talks to it over its
+XML-RPC control socket in the run folder (owner-only), as supervisorctl does.
+
+Each program's command is `python -m onnxpool.host.program exec ... -- COMMAND` (host/program.py):
+leftovers of its previous run stopped, its process group recorded, its model's cgroup joined,
+supervisord's death forwarded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shlex
+import sys
+import time
+import xmlrpc.client
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+JANITOR = "janitor"
+ROUTES = "routes"
+NGINX = "nginx"
+POOL_PREFIX = "model-"
+"""A model's program is `model-<name>` (a model's name is URL-safe: letters, digits, `-`, `_`, `.`)."""
+
+PRIORITY = {JANITOR: 1, ROUTES: 10, NGINX: 900}
+POOL_PRIORITY = 100
+START_RETRIES = 3
+"""A program that exits while starting is started again 3 times (after 1, 2, 3 s), then FATAL."""
+CALL_SECONDS = 10.0
+CALL_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+"""What a call raises when supervisord is starting, stopping or gone."""
+USERNAME = "onnxpool"
+
+# supervisord's process states (supervisor.states.ProcessStates), as its XML-RPC names them.
+RUNNING_STATES = frozenset({"STARTING", "RUNNING"})
+FAILED_STATES = frozenset({"BACKOFF", "FATAL", "EXITED", "UNKNOWN"})
+
+
+def pool_program(model: str) -> str:
+    return f"{POOL_PREFIX}{model}"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One [program:x] section."""
+
+    name: str
+    command: Sequence[str]
+    priority: int
+    environment: Mapping[str, str] = field(default_factory=dict)
+    autostart: bool = True
+    stopsignal: str = "TERM"
+    stopwaitsecs: float = 10.0
+    startsecs: int = 1
+    autorestart: bool = True
+
+    def section(self) -> str:
+        lines = [
+            f"[program:{self.name}]",
+            f"command={_escape(shlex.join(self.command))}",
+            f"priority={self.priority}",
+            f"autostart={str(self.autostart).lower()}",
+            f"autorestart={'true' if self.autorestart else 'false'}",
+            f"startsecs={self.startsecs}",
+            f"startretries={START_RETRIES}",
+            f"stopsignal={self.stopsignal}",
+            f"stopwaitsecs={max(1, round(self.stopwaitsecs))}",
+            # The whole group (a pool's workers, nginx's) is killed when the program outlives stopwaitsecs.
+            "stopasgroup=false",
+            "killasgroup=true",
+            # Its output is the host's (journald, kubectl logs): supervisord passes it on line by line.
+            "redirect_stderr=true",
+            "stdout_logfile=/dev/stdout",
+            "stdout_logfile_maxbytes=0",
+        ]
+        if self.environment:
+            pairs = ",".join(f'{key}="{_escape(value)}"' for key, value in self.environment.items())
+            lines.append(f"environment={pairs}")
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    """supervisord expands `%(name)s` in values: a literal `%` is `%%`."""
+    if '"' in value or "\n" in value:
+        raise ValueError(f"cannot pass {value!r} to supervisord (a quote or a line break)")
+    return value.replace("%", "%%")
+
+
+def wrapped(
+    run_dir: Path, name: str, command: Sequence[str], cgroup: Path | None = None, leftover_signal: str = "TERM"
+) -> list[str]:
+    """`command` started through host/program.py (module doc)."""
+    argv = [sys.executable, "-m", "onnxpool.host.program", "exec", "--group-file", str(group_file(run_dir, name))]
+    if cgroup is not None:
+        argv += ["--cgroup", str(cgroup)]
+    if leftover_signal != "TERM":
+        argv += ["--leftover-signal", leftover_signal]
+    return [*argv, "--", *command]
+
+
+def group_file(run_dir: Path, program: str) -> Path:
+    return run_dir / "programs" / f"{program}.pgid"
+
+
+def socket_path(run_dir: Path) -> Path:
+    return run_dir / "supervisor" / "supervisor.sock"
+
+
+def render(run_dir: Path, programs: Sequence[Program], password: str) -> str:
+    """supervisord.conf: in the foreground, its control socket (owner-only, and a password the host
+    made for this run) and pid file in the run folder."""
+    folder = run_dir / "supervisor"
+    # As root, supervisord asks to be told so (it would otherwise log a CRIT line at every start).
+    user = "user=root\n" if os.geteuid() == 0 else ""
+    head = f"""; Written by onnxpool for the host in {_escape(str(run_dir))}; rewritten at every reload.
+[supervisord]
+{user}nodaemon=true
+silent=true
+logfile=/dev/stdout
+logfile_maxbytes=0
+loglevel=warn
+pidfile={_escape(str(folder / "supervisord.pid"))}
+childlogdir={_escape(str(folder))}
+
+[unix_http_server]
+file={_escape(str(socket_path(run_dir)))}
+chmod=0700
+username={USERNAME}
+password={password}
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+"""
+    return head + "\n".join(program.section() for program in programs)
+
+
+class Supervisor:
+    """The host's calls to its supervisord, over the control socket."""
+
+    def __init__(self, run_dir: Path, password: str) -> None:
+        self.url = f"unix://{socket_path(run_dir)}"
+        self.password = password
+        self._proxy = self._connect()
+
+    def _connect(self) -> xmlrpc.client.ServerProxy:
+        from supervisor.xmlrpc import SupervisorTransport  # the host process only
+
+        transport = SupervisorTransport(USERNAME, self.password, serverurl=self.url)
+        return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+
+    @property
+    def api(self) -> Any:
+        return self._proxy.supervisor
+
+    def reconnect(self) -> None:
+        """A call that failed half-way leaves the transport's connection unusable: start a new one."""
+        self._proxy = self._connect()
+
+    def wait_running(self, alive: Any, seconds: float = CALL_SECONDS) -> None:
+        """Until supervisord answers (its socket is made after it reads its configuration)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if self.api.getState()["statename"] == "RUNNING":
+                    return
+            except CALL_ERRORS:
+                self.reconnect()
+            if not alive() or time.monotonic() > deadline:
+                raise OSError("supervisord did not start (its error is above)")
+            time.sleep(0.05)
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Each program's state: statename, pid, exitstatus, spawnerr..."""
+        return {info["name"]: info for info in cast(list[dict[str, Any]], self.api.getAllProcessInfo())}
+
+    def start(self, program: str) -> None:
+        self.api.startProcess(program, False)
+
+    def signal(self, program: str, name: str) -> None:
+        self.api.signalProcess(program, name)
+
+    def update(self) -> tuple[list[str], list[str], list[str]]:
+        """supervisorctl's `update`, first half: re-read the configuration file; (added, changed, removed)."""
+        added, changed, removed = cast(list[list[list[str]]], self.api.reloadConfig())[0]
+        return added, changed, removed
+
+    def add(self, program: str) -> None:
+        self.api.addProcessGroup(program)
+
+    def remove(self, program: str) -> None:
+        """Stop the program (its stop signal, then its group killed after stopwaitsecs) and forget it."""
+        try:
+            self.api.stopProcessGroup(program, True)
+        except xmlrpc.client.Fault:
+            pass
+        self.api.removeProcessGroup(program)
