@@ -16,7 +16,11 @@ happen where they do; docs/ARCHITECTURE.md):
   = share size, warm it up, open the response cache (its own LMDB environment
   or Redis client: none may cross fork, so the master only creates the local
   cache's files) and serve the generation's app; only then
-  gunicorn's worker loop starts accepting requests.
+  gunicorn's worker loop starts accepting requests. Its last step says "warm"
+  to the master (`say_warm`: a mode bit of its gunicorn heartbeat file).
+- master, HUP (`hand_over_on_reload`, installed in `on_starting`): gunicorn forks
+  the new generation and would SIGTERM the old one at once; the old workers
+  keep serving until every new worker is warm (at most server.graceful_timeout).
 - worker, `post_request`: a connection that closes after its reply, with the
   request read to its end, is closed without waiting for the client's FIN.
 - master, `child_exit`: the slot is freed for the replacement; the dead
@@ -34,9 +38,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import stat
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -265,6 +272,7 @@ def on_starting(server: Any) -> None:
     if s.pool.run.metrics is not None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
     _publish_build_info(s, layout.workers)
+    hand_over_on_reload(server)
 
 
 def _core_list(cores: tuple[int, ...]) -> str:
@@ -367,6 +375,97 @@ def post_fork(server: Any, worker: Any) -> None:
 
         metrics.worker_loaded(slot, report.load_seconds, sum(runs))
         _publish_memory(s, memory)
+    say_warm(worker)  # last: from here on the master may stop the workers this one replaces
+
+
+# How a worker tells the master it is warm: the owner-execute bit of its gunicorn heartbeat file.
+# The master creates that file (open, already unlinked) before the fork and keeps its own
+# descriptor; the worker has the same inode open. So the worker can set a bit with fchmod and the
+# master read it with fstat: one syscall each, no path, nothing to clean up (it goes with the
+# worker), never mistaken for another worker reusing the pid, no pipe or thread crossing fork.
+# gunicorn itself only ever changes the file's times (the heartbeat), never its mode.
+WARM_BIT = stat.S_IXUSR
+HANDOVER_POLL_SECONDS = 0.05
+
+
+def say_warm(worker: Any) -> None:
+    """Worker, the end of post_fork: mark this worker warm for the master (`is_warm`)."""
+    fd = worker.tmp.fileno()
+    os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) | WARM_BIT)
+
+
+def is_warm(worker: Any) -> bool:
+    """Master: the worker has finished post_fork (model loaded, warmed up, app in place)."""
+    try:
+        return bool(os.fstat(worker.tmp.fileno()).st_mode & WARM_BIT)
+    except (OSError, ValueError):  # its file already closed: reaped meanwhile
+        return False
+
+
+def hand_over_on_reload(server: Any) -> None:
+    """Master: wrap the gunicorn Arbiter's `manage_workers` so a HUP stops the old workers only once the new are warm.
+
+    gunicorn's `reload()` forks a full new set of workers and then calls `manage_workers()`,
+    which SIGTERMs the oldest workers beyond `num_workers` at once: while the new ones load and
+    warm up (post_fork), nobody accepts, requests wait in the listen backlog and, past
+    `[limits] max_queue_ms`, are shed. Here, when there are more workers than `num_workers`,
+    the newest `num_workers` are waited for first. A normal start or a dead worker's
+    replacement (fewer workers than `num_workers`) is not slowed down.
+
+    Process rules: this runs in the master's main loop (inside `reload()`), so while it waits
+    the master handles no signal (a TERM or another HUP is handled right after, as gunicorn
+    queues them) and murders no stuck worker; so the wait is bounded by server.graceful_timeout,
+    after which one warning line and gunicorn's usual reload go on. It reaps dead children while
+    it waits: a new worker that dies is no longer waited for (and one that fails to boot stops
+    the server, as in gunicorn's own loop).
+    """
+    original: Callable[[], None] = server.manage_workers
+
+    def manage_workers() -> None:
+        by_age = sorted(server.WORKERS.values(), key=lambda w: w.age)
+        excess = len(by_age) - server.num_workers
+        limit = float(server.cfg.graceful_timeout)
+        if excess <= 0 or limit <= 0:  # a start or a replacement; or graceful_timeout = 0: gunicorn's own way
+            original()
+            return
+        newest = by_age[excess:]
+        _wait_until_warm(server, newest, limit)
+        # gunicorn stops the oldest workers beyond num_workers. If a new worker died meanwhile, an
+        # old one would be left in the count and keep serving the old generation for good: stop
+        # it too, so the next round forks a replacement of the new generation in its place.
+        by_age = sorted(server.WORKERS.values(), key=lambda w: w.age)
+        excess = len(by_age) - server.num_workers
+        left = [w.pid for w in by_age[max(excess, 0) :] if w.age < newest[0].age]
+        original()
+        for pid in left:
+            log.info("reload: a new worker died while warming up; stopping old worker %d too", pid)
+            server.kill_worker(pid, signal.SIGTERM)
+
+    server.manage_workers = manage_workers
+
+
+def _wait_until_warm(server: Any, workers: list[Any], limit: float) -> None:
+    """Poll until each of `workers` is warm or gone (reaped), at most `limit` seconds."""
+    t0 = time.monotonic()
+    waited = False
+    while True:
+        pending = [w for w in workers if w.pid in server.WORKERS and not is_warm(w)]
+        if not pending:
+            if waited:
+                log.info("reload: the new workers are warm after %.1f s; stopping the old ones", time.monotonic() - t0)
+            return
+        if time.monotonic() - t0 >= limit:
+            log.warning(
+                "reload: %d new worker(s) not warm after %g s (server.graceful_timeout): pid %s; "
+                "stopping the old workers anyway",
+                len(pending),
+                limit,
+                ",".join(str(w.pid) for w in pending),
+            )
+            return
+        waited = True
+        time.sleep(HANDOVER_POLL_SECONDS)
+        server.reap_workers()
 
 
 # This worker's memory for the gauge, read again after a request at most every few seconds.

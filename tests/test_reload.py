@@ -1,19 +1,31 @@
-"""HUP re-reads everything: a good model or settings file is served by the new workers, a broken one refused."""
+"""HUP re-reads everything: a good model or settings file is served by the new workers, a broken one refused.
+
+And it hands over without a gap: the old workers serve until every new one is warm
+(tested behind real nginx with `max_queue_ms` set, so a gap would show as 503s).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import requests
 
-from tests.harness import DATA, MODEL_NAME, Server, running_server
+from onnxpool import hooks
+from tests.deploy_harness import Instance, Nginx, nginx_binary, start_instance, start_nginx
+from tests.harness import DATA, MODEL_NAME, Server, free_port, running_server
 from tests.tiny_models import build_tiny_model
-from tests.v2client import binary_infer, parse_binary_reply
+from tests.v2client import LoadRunner, binary_infer, parse_binary_reply
 
 X = np.full((1, 3, 224, 224), 0.5, dtype=np.float32)
 
@@ -122,3 +134,168 @@ def test_hup_applies_every_setting_and_keeps_the_last_good_ones(tmp_path: Path) 
         assert srv.log().count("reload: keeping the running configuration") == 2
         assert labels_of(predict(srv, {"Authorization": f"Bearer {key}"})) == after
         assert srv.process.poll() is None
+
+
+# Demo model, one thread per worker: ~11 ms per inference here, so 60 warm-up runs keep a new
+# worker busy for ~0.7 s (more while the old workers serve beside it): well past max_queue_ms.
+HANDOFF_SETTINGS = {
+    "ONNXPOOL_SERVER__THREADS_PER_WORKER": "1",
+    "ONNXPOOL_MODEL__WARMUP_RUNS": "60",
+    "ONNXPOOL_LIMITS__MAX_QUEUE_MS": "250",
+    "ONNXPOOL_CACHE__ENABLED": "false",  # every request needs a worker's inference
+}
+READY_LINE = re.compile(r"model load (\d+) ms, warm-up (\d+) runs \(first ([\d.]+) ms, last ([\d.]+) ms\)")
+
+
+def warm_up_seconds(log: str) -> list[float]:
+    """Each ready worker's model load + warm-up, from its ready line (first run + the rest at the last's pace)."""
+    return [
+        (int(load) + float(first) + (int(runs) - 1) * float(last)) / 1000
+        for load, runs, first, last in READY_LINE.findall(log)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.nginx
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
+def test_hup_keeps_the_old_workers_serving_until_the_new_ones_are_warm(tmp_path: Path) -> None:
+    """Two HUPs under a closed client loop through nginx: no request shed, and the workers really changed.
+
+    Without the hand-over, gunicorn stops the old workers as soon as it has forked the new ones,
+    and requests wait in the listen backlog for a whole warm-up: past max_queue_ms, so shed (503).
+    """
+    instance: Instance | None = None
+    front: Nginx | None = None
+    try:
+        instance = start_instance(tmp_path, f"127.0.0.1:{free_port()}", HANDOFF_SETTINGS, workers=2)
+        front = start_nginx(tmp_path, [instance.upstream])
+        load = LoadRunner(front.url, binary_infer(MODEL_NAME, X), clients=2, max_requests=100_000, max_seconds=45)
+        load.start()
+        load.wait_for(20)
+        generations = [set(instance.workers())]
+        for _ in range(2):
+            hup_and_wait(instance, 2)
+            generations.append(set(instance.workers()))
+            load.wait_for(load.stats.ok + 20)
+        stats = load.stop()
+        log = instance.log()
+    finally:
+        if front is not None:
+            front.stop()
+        if instance is not None:
+            instance.stop()
+
+    warm = warm_up_seconds(log)
+    shed = sum("HTTP 503" in failure for failure in stats.failures)
+    print(f"\nHUP x2: sent {stats.sent}, ok {stats.ok}, shed {shed}, failed {len(stats.failures)}; warm-up {warm}")
+    assert len(warm) == 6 and min(warm) > 0.5, warm  # each warm-up is clearly longer than max_queue_ms
+    assert all(len(g) == 2 for g in generations)
+    assert not generations[0] & generations[1] and not generations[1] & generations[2], generations  # reloaded
+    assert stats.failures == [], stats.failures[:5]
+
+
+class FakeWorker:
+    """A gunicorn worker as the master sees it: pid, age and its heartbeat file (open, unlinked)."""
+
+    def __init__(self, pid: int, age: int, warm: bool) -> None:
+        self.pid, self.age = pid, age
+        self.tmp = tempfile.TemporaryFile()
+        if warm:
+            hooks.say_warm(self)
+
+
+class FakeArbiter:
+    """Stands in for gunicorn's Arbiter: the workers, and the calls the hand-over wraps and makes."""
+
+    def __init__(self, workers: list[FakeWorker], num_workers: int, graceful_timeout: float = 10.0) -> None:
+        self.WORKERS = {w.pid: w for w in workers}
+        self.num_workers = num_workers
+        self.cfg = SimpleNamespace(graceful_timeout=graceful_timeout)
+        self.dead: set[int] = set()  # exited, reaped at the next reap_workers()
+        self.killed: list[int] = []
+        self.managed_at = 0.0
+
+    def manage_workers(self) -> None:
+        """gunicorn's: SIGTERM the oldest workers beyond num_workers (they stay listed until reaped)."""
+        self.managed_at = time.monotonic()
+        by_age = sorted(self.WORKERS.values(), key=lambda w: w.age)
+        for worker in by_age[: max(len(by_age) - self.num_workers, 0)]:
+            self.kill_worker(worker.pid, signal.SIGTERM)
+
+    def kill_worker(self, pid: int, sig: int) -> None:
+        self.killed.append(pid)
+
+    def reap_workers(self) -> None:
+        for pid in self.dead & self.WORKERS.keys():
+            self.WORKERS.pop(pid).tmp.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[FakeWorker]]:
+    """Old generation 101, 102 (warm), new generation 103, 104 (warming up); files closed afterwards."""
+    made = [FakeWorker(100 + age, age, warm=age <= 2) for age in (1, 2, 3, 4)]
+    yield made
+    for worker in made:
+        worker.tmp.close()
+
+
+def later(seconds: float, action: Callable[[], object]) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.start()
+    return timer
+
+
+def test_reload_stops_the_old_workers_once_the_new_are_warm(workers: list[FakeWorker]) -> None:
+    arbiter = FakeArbiter(workers, num_workers=2)
+    hooks.hand_over_on_reload(arbiter)
+    t0 = time.monotonic()
+    timers = [later(0.2, lambda: hooks.say_warm(workers[2])), later(0.4, lambda: hooks.say_warm(workers[3]))]
+    arbiter.manage_workers()
+    for timer in timers:
+        timer.join()
+    assert arbiter.managed_at - t0 >= 0.4  # gunicorn's stop of the old ones ran after the last new one was warm
+    assert arbiter.killed == [101, 102]
+
+
+def test_start_and_replacement_are_not_slowed_down(workers: list[FakeWorker]) -> None:
+    arbiter = FakeArbiter(workers[2:], num_workers=2)  # both warming up: a start, or replacements
+    hooks.hand_over_on_reload(arbiter)
+    t0 = time.monotonic()
+    arbiter.manage_workers()
+    assert arbiter.managed_at - t0 < 0.05 and arbiter.killed == []
+
+
+def test_the_wait_is_bounded_by_graceful_timeout(workers: list[FakeWorker], caplog: pytest.LogCaptureFixture) -> None:
+    arbiter = FakeArbiter(workers, num_workers=2, graceful_timeout=0.3)
+    hooks.hand_over_on_reload(arbiter)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="onnxpool.workers"):
+        arbiter.manage_workers()
+    assert 0.3 <= arbiter.managed_at - t0 < 1.0
+    assert arbiter.killed == [101, 102]  # then as gunicorn does without the hand-over
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 new worker(s) not warm after 0.3 s" in warnings[0], warnings
+
+
+def test_graceful_timeout_zero_does_not_wait(workers: list[FakeWorker], caplog: pytest.LogCaptureFixture) -> None:
+    arbiter = FakeArbiter(workers, num_workers=2, graceful_timeout=0)
+    hooks.hand_over_on_reload(arbiter)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="onnxpool.workers"):
+        arbiter.manage_workers()
+    assert arbiter.managed_at - t0 < 0.05 and arbiter.killed == [101, 102]
+    assert not caplog.records
+
+
+def test_a_new_worker_dying_while_warming_up_neither_hangs_nor_leaves_an_old_one(workers: list[FakeWorker]) -> None:
+    arbiter = FakeArbiter(workers, num_workers=2)
+    hooks.hand_over_on_reload(arbiter)
+    hooks.say_warm(workers[2])
+    timer = later(0.2, lambda: arbiter.dead.add(104))  # killed (say, out of memory) while warming up
+    t0 = time.monotonic()
+    arbiter.manage_workers()
+    timer.join()
+    assert arbiter.managed_at - t0 < 2
+    # gunicorn stops one old worker (3 listed, 2 wanted); the other old one is stopped too, so the
+    # next round forks a worker of the new generation instead of keeping the old one serving.
+    assert sorted(arbiter.killed) == [101, 102]
