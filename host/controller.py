@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import fcntl
 import hashlib
+import http.client
 import importlib.util
 import json
 import logging
@@ -62,7 +65,14 @@ from onnxpool.host import supervisor
 from onnxpool.host.budget import ModelPlan, oversubscribed_budgets, plan_models
 from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_front_door
 from onnxpool.host.priority import Priority, choose, renice_workers
-from onnxpool.host.program import PR_SET_PDEATHSIG, clean_up
+from onnxpool.host.program import (
+    PR_SET_PDEATHSIG,
+    clean_up,
+    group_members,
+    leftover_file,
+    read_group,
+    signal_group,
+)
 from onnxpool.host.state import (
     METRICS_DIR,
     NGINX_DIR,
@@ -74,7 +84,16 @@ from onnxpool.host.state import (
     read_pool_error,
     write_host,
 )
-from onnxpool.host.supervisor import JANITOR, NGINX, ROUTES, Program, Supervisor, pool_program, wrapped
+from onnxpool.host.supervisor import (
+    JANITOR,
+    NGINX,
+    ROUTES,
+    Program,
+    Supervisor,
+    group_file,
+    pool_program,
+    wrapped,
+)
 from onnxpool.proxy import TEMP_FOLDERS, nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
 from onnxpool.workers.cores import cpu_allowance
@@ -91,7 +110,7 @@ POLL_SECONDS = 0.2
 PROBE_SECONDS = 1.0
 POOL_START_SECONDS = 30
 """supervisord's startsecs for a pool: a pool that exits sooner failed to start (back-off, retries)."""
-ROUTES_THREADS = 4
+ROUTES_CONF = "onnxpool.host.routes_conf"
 
 
 class HostError(Exception):
@@ -110,6 +129,8 @@ class Model:
     state: str = LOADING
     reason: str = ""
     required: bool = True
+    error: str = ""
+    """Its pool's last error line (the reason without what the supervisor does about it)."""
     starts: int = 0
     pid: int = 0
     """The pool master's pid supervisord reports (0: none yet)."""
@@ -117,6 +138,9 @@ class Model:
     """The pid that answered ready: a new pid (a restart) is LOADING until it answers."""
     routes: tuple[str, ...] = ()
     has_program: bool = True
+    routed: bool = False
+    """Its pool has been ready once: nginx routes to it from then on, while it restarts too (its requests
+    then get nginx's 503), so a restart reloads nothing."""
 
 
 @dataclass
@@ -135,6 +159,8 @@ class Host:
     password: str = field(init=False)
     """supervisord's control socket's, made for this run (in its owner-only configuration file)."""
     notify_socket: str = field(init=False)
+    leftover_deadline: float | None = None
+    """When the workers of a killed nginx master were told to stop (`_retire_leftovers`)."""
 
     def __post_init__(self) -> None:
         self.priority = _priority(self.loaded.settings.server.budgets)
@@ -154,7 +180,7 @@ class Host:
 
     @property
     def routes_address(self) -> str:
-        return f"unix:{self.run.path / 'routes.sock'}"
+        return f"unix:{self.run.path / 'routes.sock'}"  # as host/routes_conf.py binds
 
     # -- planning -------------------------------------------------------------------------
 
@@ -246,33 +272,7 @@ class Host:
             ),
             Program(
                 ROUTES,
-                wrapped(
-                    run,
-                    ROUTES,
-                    [
-                        sys.executable,
-                        "-m",
-                        "gunicorn",
-                        "--bind",
-                        self.routes_address,
-                        "--workers",
-                        "1",
-                        "--worker-class",
-                        "gthread",
-                        "--threads",
-                        str(ROUTES_THREADS),
-                        "--no-control-socket",
-                        "--graceful-timeout",
-                        str(graceful),
-                        "--log-level",
-                        "warning",
-                        "--error-logfile",
-                        "-",
-                        "--worker-tmp-dir",
-                        str(run),
-                        "onnxpool.host.routes:create_app()",
-                    ],
-                ),
+                wrapped(run, ROUTES, [sys.executable, "-m", "gunicorn", "-c", f"python:{ROUTES_CONF}"]),
                 supervisor.PRIORITY[ROUTES],
                 environment=env,
                 stopwaitsecs=graceful + 5,
@@ -313,7 +313,7 @@ class Host:
                     run,
                     NGINX,
                     [self.binary, "-p", str(nginx_conf.parent), "-c", str(nginx_conf), "-e", "stderr"],
-                    leftover_signal="QUIT",
+                    hand_over=True,
                 ),
                 supervisor.PRIORITY[NGINX],
                 autostart=False,
@@ -368,17 +368,18 @@ class Host:
                     if probe.probe(model.address, "/v2/health/ready", timeout=PROBE_SECONDS) is None:
                         description = read_pool_description(self.run.path, name)
                         model.routes = description.routes if description is not None else ()
-                        model.ready_pid = pid
+                        model.ready_pid, model.routed = pid, True
                         changed |= self._set(model, READY, "")
                     else:
                         changed |= self._set(model, LOADING, "")
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
                 model.ready_pid = 0
-                error = read_pool_error(self.run.path, name)
-                status = info.get("exitstatus")
-                why = error or f"its pool exited (status {status}); see the host's log"
+                error = read_pool_error(self.run.path, name) or str(info.get("spawnerr") or "")
+                model.error = why = error or "its pool's master exited; see the host's log"
                 if statename == "BACKOFF":
                     why += " (restarting with back-off)"
+                elif statename == "FATAL":
+                    why += f" (gave up after {supervisor.START_RETRIES} restarts; fix it and reload)"
                 changed |= self._set(model, UNAVAILABLE, why)
         return changed
 
@@ -386,7 +387,6 @@ class Host:
         if (model.state, model.reason) == (state, reason):
             return False
         if state == READY:
-            model.required = model.required or not model.entry.optional
             log.info("model %s: READY (pool pid %d)", model.name, model.pid)
         elif state == UNAVAILABLE:
             log.error("model %s: UNAVAILABLE: %s", model.name, reason)
@@ -424,7 +424,7 @@ class Host:
         return tuple(
             PoolRoute(name=name, aliases=model.entry.aliases, address=model.address, routes=model.routes)
             for name, model in self.models.items()
-            if model.has_program and model.ready_pid
+            if model.has_program and model.routed
         )
 
     def _front_door_files(self, pools: tuple[PoolRoute, ...]) -> Path:
@@ -437,7 +437,7 @@ class Host:
             update={
                 "nginx": nginx.model_copy(
                     update={
-                        "listen": self.settings.server.bind,
+                        "listen": _listen(self.settings.server.bind),
                         "pidfile": str(folder / "nginx.pid"),
                         "access_log": nginx.access_log if explicit_log else "",
                     }
@@ -476,20 +476,46 @@ class Host:
         else:
             self.control.signal(NGINX, "HUP")
         self.routed = pools
+        for pool in pools:  # served through the front door: from now on the host is ready only with it
+            model = self.models[pool.name]
+            model.required = model.required or not model.entry.optional
+
+    def _retire_leftovers(self) -> None:
+        """The workers of a killed nginx master serve until the new nginx answers; then they are told to
+        stop gracefully (QUIT: they finish what they hold), and killed if still there after the grace."""
+        record = leftover_file(group_file(self.run.path, NGINX))
+        pgid = read_group(record)
+        if pgid is None:
+            return
+        if self.leftover_deadline is None:
+            if not self._front_door_answers():
+                return
+            log.info("front door: nginx restarted; the workers of its killed master stop gracefully")
+            signal_group(pgid, signal.SIGQUIT)
+            self.leftover_deadline = time.monotonic() + self.settings.server.graceful_timeout + 5
+        elif time.monotonic() > self.leftover_deadline:
+            signal_group(pgid, signal.SIGKILL)
+        if not group_members(pgid):
+            record.unlink(missing_ok=True)
+            self.leftover_deadline = None
+
+    def _front_door_answers(self) -> bool:
+        connection = probe.connection(self.settings.server.bind, PROBE_SECONDS)
+        try:
+            connection.request("GET", "/nginx/live")
+            return connection.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            connection.close()
 
     def _wait_front_door(self) -> None:
         """Until nginx answers on [server] bind (any HTTP reply)."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            connection = probe.connection(self.settings.server.bind, PROBE_SECONDS)
-            try:
-                connection.request("GET", "/nginx/live")
-                connection.getresponse().read()
+            if self._front_door_answers():
                 return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                connection.close()
+            time.sleep(0.05)
         raise HostError(f"nginx does not answer on {self.settings.server.bind} (its error is above)")
 
     # -- life cycle -----------------------------------------------------------------------
@@ -511,8 +537,7 @@ class Host:
             known = self.models.get(name)
             plan = plans.get(name)
             if known is not None and known.has_program and plan is not None:
-                known.entry, known.plan = entry, plan
-                models[name] = known
+                models[name] = dataclasses.replace(known, entry=entry, plan=plan)  # `known` stays as it was
                 continue
             model = Model(
                 name=name,
@@ -543,23 +568,8 @@ class Host:
         self.priority.apply(plans.values())
         self._publish()  # the pools' workers read their nice value from it
         self._start_supervisord()
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while True:
-            if self._stop_requested():
-                return 0
-            if self._supervisor_died():
-                raise HostError("supervisord exited while the models were starting (its error is above)")
-            if self._poll():
-                self._publish()
-            for model in self.models.values():
-                if model.state == UNAVAILABLE and model.required and model.has_program:
-                    raise HostError(f"model {model.name}: {model.reason}")
-            waiting = [m.name for m in self.models.values() if m.has_program and m.state == LOADING]
-            if not waiting:
-                break
-            if time.monotonic() > deadline:
-                raise HostError(f"models {', '.join(waiting)}: not ready after {READY_TIMEOUT_SECONDS:.0f} s")
-            time.sleep(POLL_SECONDS)
+        if not self._settle(starting=True):
+            return 0
         self._route()
         self._publish()
         self.notify("READY=1")
@@ -570,6 +580,32 @@ class Host:
             ", ".join(f"{pool.name} -> {pool.address}" for pool in self.routed or ()),
         )
         return None
+
+    def _settle(self, starting: bool) -> bool:
+        """Watch until no model with a program is LOADING (each READY or UNAVAILABLE); False when a stop
+        was asked meanwhile. `starting`: a required model that fails stops the host (HostError)."""
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while True:
+            if self._stop_requested():
+                return False
+            if self._supervisor_died():
+                raise HostError("supervisord exited while the models were starting (its error is above)")
+            if self._poll():
+                self._publish()
+            if starting:
+                for model in self.models.values():
+                    if model.state == UNAVAILABLE and model.required and model.has_program:
+                        raise HostError(f"model {model.name}: {model.error or model.reason}")
+            waiting = [m.name for m in self.models.values() if m.has_program and m.state == LOADING]
+            if not waiting:
+                return True
+            if time.monotonic() > deadline:
+                message = f"models {', '.join(waiting)}: not ready after {READY_TIMEOUT_SECONDS:.0f} s"
+                if starting:
+                    raise HostError(message)
+                log.error("reload: %s", message)
+                return True
+            time.sleep(POLL_SECONDS)
 
     def _stop_requested(self) -> bool:
         return any(signum != signal.SIGHUP for signum in self.signals)
@@ -597,37 +633,46 @@ class Host:
         self._track(plans, left_out, required=False)
         for name in plans:
             (self.run.path / METRICS_DIR / name).mkdir(parents=True, exist_ok=True)
-        for name in removed:  # out of nginx first: its pool finishes what nginx already sent it
+        for name in removed:  # no longer routed; its pool runs until nginx has let go of it (below)
             self.models[name] = Model(name, old[name].entry, None, "", state=UNAVAILABLE, has_program=False)
         self._publish()
+        self._update_programs()
+        for name, model in self.models.items():
+            if model.has_program and name in old and old[name].has_program:
+                self._apply_change(model, old[name])
+        self.control.signal(ROUTES, "HUP")  # keys, docs and metrics settings
+        # One nginx reload per HUP, once the added models are ready (or failed): it routes to them and no
+        # longer to the removed ones, whose pools then finish what nginx already sent them and stop.
+        self._settle(starting=False)
         self._route()
         for name in removed:
             log.info("reload: model %s removed: its pool stops after its in-flight requests", name)
             self._drop_program(name)
             del self.models[name]
-        self._update_programs()
-        for name, model in self.models.items():
-            if not model.has_program or name not in old or not old[name].has_program:
-                continue
-            fingerprint = self._fingerprint(name, plans[name])
-            if fingerprint != old[name].fingerprint:
-                log.info("reload: model %s changed: its workers are replaced", name)
-                model.fingerprint = fingerprint
-                pool_error_file(self.run.path, name).unlink(missing_ok=True)
-                self.control.signal(pool_program(name), "HUP")
-            else:
-                model.fingerprint = old[name].fingerprint
-                before = old[name].plan
-                if self.priority.kind == "nice" and before is not None and before.nice != plans[name].nice:
-                    reniced = renice_workers(model.pid, plans[name].nice)
-                    log.info(
-                        "reload: model %s: nice %d for its %d workers (its neighbours' budgets changed)",
-                        name,
-                        plans[name].nice,
-                        len(reniced),
-                    )
-        self.control.signal(ROUTES, "HUP")  # keys, docs and metrics settings
         self._publish()
+
+    def _apply_change(self, model: Model, before: Model) -> None:
+        """A model kept by a reload: its workers replaced if what it serves changed (started again if its
+        pool had given up), else its workers reniced if only its neighbours' budgets moved its nice value."""
+        assert self.control is not None and model.plan is not None
+        fingerprint = self._fingerprint(model.name, model.plan)
+        program = pool_program(model.name)
+        if fingerprint != before.fingerprint:
+            log.info("reload: model %s changed: its workers are replaced", model.name)
+            model.fingerprint = fingerprint
+            pool_error_file(self.run.path, model.name).unlink(missing_ok=True)
+            try:
+                self.control.signal(program, "HUP")
+            except xmlrpc.client.Fault:  # not running (it gave up on a broken file): start it anew
+                with contextlib.suppress(xmlrpc.client.Fault):
+                    self.control.start(program)
+            return
+        model.fingerprint = before.fingerprint
+        old_plan = before.plan
+        if self.priority.kind == "nice" and old_plan is not None and old_plan.nice != model.plan.nice:
+            reniced = renice_workers(model.pid, model.plan.nice)
+            log.info("reload: model %s: nice %d for its %d workers (its neighbours' budgets changed)",
+                     model.name, model.plan.nice, len(reniced))  # fmt: skip
 
     def _update_programs(self) -> None:
         """supervisord reads its configuration anew; programs added are started (supervisorctl update)."""
@@ -682,6 +727,7 @@ class Host:
                 self.clean_up()
                 return 1
             changed = self._poll()
+            self._retire_leftovers()
             try:
                 self._route()
             except HostError as exc:
@@ -705,6 +751,15 @@ class Host:
     def clean_up(self) -> None:
         clean_up(self.run.path, self.priority.folder, self.settings.server.graceful_timeout + 10)
         self.priority.remove()
+
+
+def _append_output() -> None:
+    """Write stdout and stderr at their end (O_APPEND). supervisord passes its programs' output on
+    through /dev/stdout, opened anew in append mode; a log file this process writes at its own offset
+    would overwrite what they appended. On a pipe or terminal (journald, kubectl logs) nothing changes."""
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
 
 
 def _pool_conf() -> str:
@@ -762,6 +817,12 @@ def _read_raw(path: Path) -> dict[str, object]:
         return tomllib.load(handle)
 
 
+def _listen(bind: str) -> str:
+    """nginx's `listen` for [server] bind. On a TCP port with `reuseport`: a restarted nginx binds beside
+    the workers its killed master left, which serve until it answers (host/program.py, --hand-over)."""
+    return bind if bind.startswith("unix:") else f"{bind} reuseport"
+
+
 def _cores(cores: tuple[int, ...]) -> str:
     return ",".join(map(str, cores)) or "none"
 
@@ -774,6 +835,7 @@ def serve_models(config_file: Path) -> int:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
     logging.config.dictConfig(logs.logconfig_dict(loaded.settings.logging))
+    _append_output()
     binary = nginx_binary()
     if binary is None:
         print(

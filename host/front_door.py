@@ -144,15 +144,14 @@ def render_host_site(settings: Settings, pools: Sequence[PoolRoute], host_addres
 
 
 def js_module(binary: str) -> Path | None:
-    """nginx's js module file, from `nginx -V`'s modules path (Debian: /usr/lib/nginx/modules)."""
+    """nginx's js module file, in the modules folder `nginx -V` names (else Debian's, /usr/lib/nginx/modules)."""
     try:
         text = subprocess.run([binary, "-V"], capture_output=True, text=True, check=False).stderr
     except OSError:
         return None
     found = re.search(r"--modules-path=(\S+)", text)
-    folders = [Path(found.group(1))] if found else []
-    folders.append(Path("/usr/lib/nginx/modules"))
-    return next((folder / ROUTER_MODULE for folder in folders if (folder / ROUTER_MODULE).is_file()), None)
+    folder = Path(found.group(1)) if found else Path("/usr/lib/nginx/modules")
+    return folder / ROUTER_MODULE if (folder / ROUTER_MODULE).is_file() else None
 
 
 def write_front_door(

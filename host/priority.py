@@ -84,7 +84,7 @@ class Priority:
         A process still in it outlived its pool's master (a master that died leaves its workers,
         which notice only after gunicorn's timeout / 2): it is asked to stop (SIGTERM, nginx no
         longer routes to it) and given `wait` seconds, else its cgroup stays behind."""
-        if self.folder is None:
+        if self.folder is None or not self.folder.is_dir():
             return
         groups = [self.folder / model] if model else [p for p in self.folder.iterdir() if p.is_dir()]
         deadline = time.monotonic() + wait

@@ -7,11 +7,13 @@ library only: it runs at every (re)start, before the program's own start-up.
 
 Process rules, in the order they run:
 1. Leftovers of this program's previous run are stopped first. A pool master killed with
-   SIGKILL leaves its workers (they notice only after gunicorn's timeout / 2), an nginx master
-   its workers (which never notice, and keep the port): their process group, recorded in the
-   program's group file, is sent `--leftover-signal` and waited for, then SIGKILL. So a
-   restarted program never shares its socket or port with a ghost, and a stopped one leaves
-   nothing behind.
+   SIGKILL leaves its workers (they notice only after gunicorn's timeout / 2): their process
+   group, recorded in the program's group file, is sent `--leftover-signal` (TERM: they finish
+   what they hold) and waited for, then SIGKILL, so a restarted pool never shares its socket
+   with a ghost. An nginx master killed leaves its workers, which never notice and keep serving
+   the port: with `--hand-over` they are recorded instead (`<program>.leftover`), and the host
+   stops them gracefully once the new nginx, bound beside them (`reuseport`), answers. So the
+   front door never refuses a connection while it restarts, and nothing is left behind.
 2. This process's group (its own pid) is recorded in the group file.
 3. It joins its model's cgroup (`--cgroup`) before exec: gunicorn's workers, its preflight and
    every replacement worker are forked from it, so they are all in the model's cgroup and weigh
@@ -71,15 +73,35 @@ def read_group(path: Path) -> int | None:
         return None
 
 
+def write_group(path: Path, pgid: int) -> None:
+    """Record a process group (written beside, then renamed: a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(f"{pgid}\n")
+    os.replace(partial, path)
+
+
+def leftover_file(group_file: Path) -> Path:
+    """Where a program that hands over records its previous run's group (`--hand-over`)."""
+    return group_file.with_suffix(".leftover")
+
+
+def signal_group(pgid: int, sig: int) -> int:
+    """Send `sig` to the group's members in this session; how many there were."""
+    members = group_members(pgid)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(members)
+
+
 def stop_group(pgid: int, sig: int, seconds: float) -> list[int]:
     """Send `sig` to the group, wait up to `seconds` for it to empty, then SIGKILL what is left.
     Returns the pids that had to be killed."""
     own = os.getpgrp()
     if pgid <= 1 or pgid == own or not group_members(pgid):
         return []
-    for pid in group_members(pgid):  # by pid, not killpg: only the members in this session
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+    signal_group(pgid, sig)  # by pid, not killpg: only the members in this session
     deadline = time.monotonic() + seconds
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
@@ -108,14 +130,16 @@ def run(args: argparse.Namespace) -> None:
     parent = os.getppid()
     group_file = Path(args.group_file)
     previous = read_group(group_file)
-    if previous is not None:
-        killed = stop_group(previous, _signal(args.leftover_signal), LEFTOVER_SECONDS)
-        if killed:
-            print(f"onnxpool.host: {group_file.stem}: killed {len(killed)} leftover processes", file=sys.stderr)
-    group_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = group_file.with_name(f".{group_file.name}.{os.getpid()}")
-    partial.write_text(f"{os.getpgrp()}\n")
-    os.replace(partial, group_file)
+    if previous is not None and group_members(previous):
+        if args.hand_over:
+            # nginx: its orphaned workers keep serving on the port until the new nginx (bound beside
+            # them, `reuseport`) answers; the host then stops them gracefully (host/controller.py).
+            write_group(leftover_file(group_file), previous)
+        else:
+            killed = stop_group(previous, _signal(args.leftover_signal), LEFTOVER_SECONDS)
+            if killed:
+                print(f"onnxpool.host: {group_file.stem}: killed {len(killed)} leftover processes", file=sys.stderr)
+    write_group(group_file, os.getpgrp())
     if args.cgroup:
         (Path(args.cgroup) / "cgroup.procs").write_text(f"{os.getpid()}\n")
     set_parent_death_signal(_signal(args.deathsig))
@@ -138,7 +162,8 @@ def janitor(args: argparse.Namespace) -> None:
 def clean_up(run_dir: Path, cgroup: Path | None, wait: float) -> None:
     """Once every program's group is gone (or killed after `wait` s): remove the cgroups and the folder."""
     own = os.getpgrp()
-    groups = [read_group(path) for path in sorted((run_dir / "programs").glob("*.pgid"))]
+    records = [*(run_dir / "programs").glob("*.pgid"), *(run_dir / "programs").glob("*.leftover")]
+    groups = [read_group(path) for path in sorted(records)]
     deadline = time.monotonic() + wait
     for pgid in groups:
         if pgid is None or pgid == own:
@@ -177,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     exec_.add_argument("--cgroup", default="", help="the model's cgroup folder to join before exec")
     exec_.add_argument("--deathsig", default="TERM", help="signal sent to this program when supervisord dies")
     exec_.add_argument("--leftover-signal", default="TERM", help="signal for the previous run's processes")
+    exec_.add_argument(
+        "--hand-over", action="store_true", help="leave the previous run's processes to the host (nginx)"
+    )
     exec_.add_argument("command", nargs="+")
     janitor_ = sub.add_parser("janitor", help="remove the host's cgroups and run folder when the host stops")
     janitor_.add_argument("--run-dir", required=True)

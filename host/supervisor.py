@@ -97,14 +97,14 @@ def _escape(value: str) -> str:
 
 
 def wrapped(
-    run_dir: Path, name: str, command: Sequence[str], cgroup: Path | None = None, leftover_signal: str = "TERM"
+    run_dir: Path, name: str, command: Sequence[str], cgroup: Path | None = None, hand_over: bool = False
 ) -> list[str]:
     """`command` started through host/program.py (module doc)."""
     argv = [sys.executable, "-m", "onnxpool.host.program", "exec", "--group-file", str(group_file(run_dir, name))]
     if cgroup is not None:
         argv += ["--cgroup", str(cgroup)]
-    if leftover_signal != "TERM":
-        argv += ["--leftover-signal", leftover_signal]
+    if hand_over:
+        argv.append("--hand-over")
     return [*argv, "--", *command]
 
 

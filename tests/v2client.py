@@ -76,6 +76,9 @@ class LoadStats:
     failures: list[str] = field(default_factory=list)
     marks: list[tuple[float, float]] = field(default_factory=list)
     seconds: float = 0.0
+    stale: int = 0
+    """Requests sent again because nginx closed their reused keep-alive connection as they were sent
+    (`LoadRunner(retry_stale=True)`): never read by the server, so not lost."""
 
     @property
     def failed(self) -> int:
@@ -101,7 +104,13 @@ class LoadRunner:
         max_requests: int = 5000,
         max_seconds: float = 60.0,
         timeout: float = 30.0,
+        retry_stale: bool = False,
     ) -> None:
+        self.retry_stale = retry_stale
+        """Send a request again, once, on a new connection when its reused keep-alive connection was
+        closed as it was sent: nginx (before 1.27.4) closes idle keep-alive connections at once when it
+        reloads or stops, and a request already on its way is then never read. Browsers and Go's client
+        retry so; python-requests does not. Counted in `stats.stale`, never as a success of its own."""
         self.url = base_url + call.path
         self.call = call
         self.clients = clients
@@ -155,9 +164,19 @@ class LoadRunner:
         with requests.Session() as session:
             while self._take_ticket():
                 try:
-                    response = session.post(
-                        self.url, data=self.call.body, headers=self.call.headers, timeout=self.timeout
-                    )
+                    try:
+                        response = session.post(
+                            self.url, data=self.call.body, headers=self.call.headers, timeout=self.timeout
+                        )
+                    except requests.ConnectionError as exc:
+                        if not (self.retry_stale and _closed_as_sent(exc)):
+                            raise
+                        with self._lock:
+                            self.stats.stale += 1
+                        session.close()  # the next request opens a new connection
+                        response = session.post(
+                            self.url, data=self.call.body, headers=self.call.headers, timeout=self.timeout
+                        )
                     value = float(parse_binary_reply(response, self.call.output).flat[0])
                 except (requests.RequestException, BadReply, ValueError, KeyError) as exc:
                     with self._lock:
@@ -166,3 +185,9 @@ class LoadRunner:
                 with self._lock:
                     self.stats.ok += 1
                     self.stats.marks.append((time.monotonic(), value))
+
+
+def _closed_as_sent(exc: requests.ConnectionError) -> bool:
+    """The connection was closed before any reply: reset or closed by the peer as the request went out
+    ("Connection aborted"), not refused, not timed out, not cut in the middle of a reply."""
+    return "Connection aborted" in str(exc) and ("RemoteDisconnected" in str(exc) or "reset by peer" in str(exc))
