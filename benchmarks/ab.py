@@ -22,16 +22,14 @@ The result is each side's median and the new/old ratio of medians (1.00 = no cha
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
 
-from benchmarks.alternating import alternating_rounds, predict_rate
+from benchmarks.alternating import alternating_rounds, old_and_new, predict_rate
 from benchmarks.cache import server_times
 from benchmarks.output import emit
 from benchmarks.text import workload
@@ -121,14 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 "/v1/embeddings sentences/s",
             )
             measured.append(("embeddings_sentences_s", embedded))
-    result: dict[str, Any] = {"rounds": args.rounds, "duration_s": args.duration, "concurrency": args.concurrency}
-    for label, values in measured:
-        medians = {name: statistics.median(v) for name, v in values.items()}
-        result[label] = {
-            "per_round": {name: [round(x, 3) for x in v] for name, v in values.items()},
-            "median": {name: round(m, 3) for name, m in medians.items()},
-            "new_over_old": round(medians["new"] / medians["old"], 3),
-        }
+    result = old_and_new(measured, rounds=args.rounds, duration_s=args.duration, concurrency=args.concurrency)
     emit(result, args.json)
     return 0
 

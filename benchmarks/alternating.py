@@ -8,8 +8,10 @@ other round in the reverse order (A B, B A, ...), so drift falls on both sides a
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from onnxpool.measure.httpbench import BenchOptions, run_bench
 from onnxpool.measure.paths import CAT_JPEG
@@ -50,3 +52,16 @@ def alternating_rounds(sides: Mapping[str, Callable[[], float]], rounds: int, la
             rates[name].append(sides[name]())
             print(f"  {label}, round {round_ + 1}, {name}: {rates[name][-1]:.1f} req/s", file=sys.stderr)
     return rates
+
+
+def old_and_new(measured: Sequence[tuple[str, Mapping[str, list[float]]]], **head: Any) -> dict[str, Any]:
+    """Each measure's rounds, each side's median and the new/old ratio of medians (1.00 = no change)."""
+    result: dict[str, Any] = dict(head)
+    for label, values in measured:
+        medians = {name: statistics.median(v) for name, v in values.items()}
+        result[label] = {
+            "per_round": {name: [round(x, 3) for x in v] for name, v in values.items()},
+            "median": {name: round(m, 3) for name, m in medians.items()},
+            "new_over_old": round(medians["new"] / medians["old"], 3),
+        }
+    return result

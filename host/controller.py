@@ -769,10 +769,17 @@ def _pool_conf() -> str:
     return spec.origin
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
 def _die_with_parent() -> None:
-    """In supervisord's process before exec: SIGTERM when the host dies (it then stops every program)."""
+    """In supervisord's process before exec: SIGTERM when the host dies (it then stops every program),
+    and the subreaper of its programs' orphans (a killed pool master's workers): they stay in its tree
+    instead of going to pid 1 (the host itself, in a container, which reaps no stranger), and
+    supervisord, which reaps any child, collects them when they exit."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _task_source_stamp(spec: str, base: Path) -> list[object]:

@@ -191,7 +191,7 @@ class Host:
                 title = command.decode(errors="replace")
                 if name == "nginx" and title.startswith("nginx: master"):
                     return pid
-                if name == "routes" and "host routes" in title:
+                if name == "routes" and title.startswith("gunicorn: master") and "host routes" in title:
                     return pid
                 if name == "janitor" and b"janitor" in command:
                     return pid

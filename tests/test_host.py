@@ -151,6 +151,24 @@ def test_every_model_answers_by_every_route_through_one_port(host: Host) -> None
     families = metric_models(host)
     assert set(MODELS) <= families["onnxpool_requests"], families.get("onnxpool_requests")
     assert set(MODELS) <= set().union(*families.values())
+    assert families["onnxpool_model_state"] == families["onnxpool_model_pool_restarts"] == set(MODELS)
+
+    # The host's own answers: OpenAI's model list (every model and alias), a 404 naming every model,
+    # one API description with every model's routes under its name.
+    with openai_client(host) as client:
+        assert {model.id for model in client.models.list()} == {*MODELS, "cat-finder", "iris-v1", "text-a-v1",
+                                                                 "org/text-a"}  # fmt: skip
+    for path in ("/v2/models/nobody", "/v2/models/nobody/infer", "/v1/models/nobody:predict"):
+        unknown = requests.request("POST" if "infer" in path or ":" in path else "GET", host.url + path, timeout=10)
+        assert unknown.status_code == 404, (path, unknown.text)
+        assert all(name in unknown.json()["error"] for name in MODELS), unknown.text
+    paths = requests.get(host.url + "/openapi.json", timeout=10).json()["paths"]
+    assert not [path for path in paths if "{model}" in path], list(paths)
+    for name in MODELS:
+        assert paths[f"/v2/models/{name}/infer"]["post"]["tags"] == [name]
+    assert paths["/v1/models/iris:predict"]["post"]["tags"] == ["iris"]
+    assert paths["/v2/models/image/classify"]["post"]["tags"] == ["image"]
+    assert paths["/v2/health/ready"]["get"]["tags"] == ["host"]
 
 
 def test_openai_client_embeds_with_either_text_model_an_alias_or_gets_a_404(host: Host) -> None:
@@ -257,6 +275,9 @@ def test_hup_adds_and_removes_models_while_another_keeps_serving(tmp_path: Path)
 
         listed = model_list(host)
         assert list(listed) == ["keep", "added"] and all(m["state"] == "READY" for m in listed.values())
+        families = metric_models(host)  # the removed model's series are gone with it
+        assert "drop" not in set().union(*families.values()), families
+        assert not [line for line in log.splitlines() if "drop" in line and "worker restart" in line.lower()]
         assert requests.get(host.url + "/v2/models/drop/ready", timeout=10).status_code == 404
         gone = requests.post(host.url + "/v2/models/drop/infer", json={}, timeout=10)
         assert gone.status_code == 404, gone.text
@@ -266,6 +287,83 @@ def test_hup_adds_and_removes_models_while_another_keeps_serving(tmp_path: Path)
         host.wait_for("added's workers", lambda: len(host.workers("added")) == 1)
         check_every_worker(host)
         assert set(host.plans()) == {"keep", "added"} and set(host.masters()) == {"keep", "added"}
+
+
+def test_a_hup_that_replaces_every_models_workers_sheds_nothing(tmp_path: Path) -> None:
+    """max_queue_ms = 250 (the zoo's), a client looping on each model; both models' settings changed and
+    HUP: both pools replace their workers, the old ones serving until the new ones
+    are warm, and no request gets anything but a 200 (no nginx reload either: the routes are the same)."""
+    tiny = build_tiny_model(tmp_path / "tiny.onnx", bias=0.0)
+    config = write_settings(
+        tmp_path / "host.toml",
+        image_table("tiny", tiny, two_workers(0.5)).replace("warmup_runs = 1", "warmup_runs = 20"),
+        iris_table("iris", two_workers(0.5)),
+        server="",
+    )
+    config.write_text(config.read_text() + "\n[limits]\nmax_queue_ms = 250\n[cache]\nenabled = false\n")
+    with running_host(tmp_path, config) as host:
+        before = {name: host.workers(name) for name in ("tiny", "iris")}
+        loops = [
+            LoadRunner(host.url, binary_infer("tiny", np.zeros((1, 3, 224, 224), np.float32)), clients=1),
+            LoadRunner(host.url, binary_infer("iris", np.array([SETOSA], np.float32), output_name="probabilities"),
+                       clients=1),
+        ]  # fmt: skip
+        for loop in loops:
+            loop.start()
+        try:
+            for loop in loops:
+                loop.wait_for(20)
+            # Both models' settings change (their warm-up): the host HUPs both pools at once.
+            write_settings(
+                config,
+                image_table("tiny", tiny, two_workers(0.5)).replace("warmup_runs = 1", "warmup_runs = 21"),
+                iris_table("iris", two_workers(0.5) + "warmup_runs = 4\n"),
+            )
+            config.write_text(config.read_text() + "\n[limits]\nmax_queue_ms = 250\n[cache]\nenabled = false\n")
+            host.server.signal(signal.SIGHUP)
+            host.wait_for(
+                "both models' workers replaced",
+                lambda: all(
+                    len(now := host.workers(name)) == 2 and not set(now) & set(before[name]) for name in before
+                ),
+            )
+            for loop in loops:
+                loop.wait_for(loop.stats.ok + 20)
+        finally:
+            stats = [loop.stop() for loop in loops]
+        log = host.log()
+        assert "reload: model tiny changed" in log and "reload: model iris changed" in log
+        for loop_stats in stats:
+            assert loop_stats.failures == [], loop_stats.failures[:5]
+            assert loop_stats.ok == loop_stats.sent >= 40
+
+
+def test_a_changed_task_file_reaches_its_models_workers_on_hup(tmp_path: Path) -> None:
+    """A task of one's own edited in place: a HUP replaces that model's workers (its source is part of
+    what the host compares), the other model's workers stay the same processes."""
+    source = tmp_path / "stamped.py"
+
+    def write_task(stamp: int) -> None:
+        source.write_text(
+            "from onnxpool.tasks.tabular.task import Tabular\n\n\n"
+            "class Stamped(Tabular):\n"
+            "    def reply(self, inputs, result):\n"
+            f"        return {{**super().reply(inputs, result), 'stamp': {stamp}}}\n"
+        )
+
+    write_task(1)
+    stamped = iris_table("stamped", one_worker(0.25)).replace('task = "tabular"', f'task = "{source}:Stamped"')
+    config = write_settings(tmp_path / "host.toml", stamped, iris_table("iris", one_worker(0.25)), server="")
+    config.write_text(config.read_text() + "\n[cache]\nenabled = false\n")
+    with running_host(tmp_path, config) as host:
+        assert kserve(host, "stamped").json()["stamp"] == 1
+        iris_workers = host.workers("iris")
+        write_task(2)
+        host.server.signal(signal.SIGHUP)
+        host.wait_for("the new task code", lambda: kserve(host, "stamped").json()["stamp"] == 2)
+        assert "reload: model stamped changed" in host.log()
+        assert "reload: model iris changed" not in host.log()
+        assert host.workers("iris") == iris_workers
 
 
 # --- missing model files, bad files, a dead pool ----------------------------------------------------

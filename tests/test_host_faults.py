@@ -24,7 +24,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,7 +314,7 @@ def two_text_models(folder: Path) -> list[str]:
     ]
 
 
-BAD_STARTS = {
+BAD_STARTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "bad TOML": (lambda folder: ["[models.iris\npath = 1\n"], "config file"),
     "a name key": (lambda folder: [iris_table("iris", 'name = "flowers"\n')], "[models.iris] name: not a key here"),
     "an unknown key": (lambda folder: [iris_table("iris", "colour = 1\n")], "models.iris.colour: unknown key"),
@@ -363,7 +363,7 @@ def leftovers_of(text: str) -> list[str]:
     return found + [f"folder {folder}" for folder in folders if folder and Path(folder).exists()]
 
 
-BAD_RELOADS = {
+BAD_RELOADS: dict[str, tuple[Callable[[Path], str], str]] = {
     "bad TOML": (lambda folder: "[models.iris\n", "keeping the running models"),
     "a name key": (lambda folder: iris_table("added", 'name = "x"\n'), "keeping the running models"),
     "an unknown key": (lambda folder: iris_table("added", "colour = 1\n"), "keeping the running models"),

@@ -546,9 +546,10 @@ def check_monitoring(docs: Docs) -> list[str]:
 
 # The zoo pod (overlays/zoo): ONE container, `onnxpool serve --config <a file with [models.<name>]
 # tables>`, the host, which starts one gunicorn pool per model and nginx itself. Measured (the
-# 2-core VM, config/zoo.toml's models): the host process ~45 MiB RSS; nginx is counted as its
-# container in the two-container pod (the base's nginx resources: its "share").
-HOST_MEMORY = 64 * 2**20
+# 2-core VM, config/zoo.toml's models): the host process ~45 MiB RSS, its supervisord ~25 MiB, the
+# janitor ~13 MiB and the host's routes (a gunicorn master and its worker) ~80 MiB: ~165 MiB; nginx
+# is counted as its container in the two-container pod (the base's nginx resources: its "share").
+HOST_MEMORY = 192 * 2**20
 IMAGE_MODELS = "/opt/onnxpool/models"  # the Dockerfile links the package's models/ folder here
 DEFAULT_CACHE_BYTES = 64 * 2**20  # [cache] max_bytes
 RELOAD_COPIES = 4  # a reload holds the old copy (mapped), the next one and the bytes it is made from
