@@ -39,7 +39,7 @@ from onnxpool.config.settings import Settings
 from onnxpool.host.state import HostModel, metrics_folders, read_host, read_pool_description
 from onnxpool.server import auth, metrics, routes_docs
 from onnxpool.server.context import error_response, json_response
-from onnxpool.server.model_states import READY, ServedModel, model_list, repository_index
+from onnxpool.server.model_states import READY, model_list, repository_index
 from onnxpool.tasks.errors import OnnxpoolError
 
 NOT_STARTED = "(the host has not started its models yet)"
@@ -66,10 +66,6 @@ class HostView:
 
     def find(self, name: str) -> HostModel | None:
         return next((model for model in self.models() if name == model.name or name in model.aliases), None)
-
-
-def _served(model: HostModel) -> ServedModel:
-    return ServedModel(model.name, model.version, model.aliases, model.state, model.reason)
 
 
 def not_ready(models: tuple[HostModel, ...]) -> list[str]:
@@ -228,12 +224,11 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
 
     @app.get("/v2/models")
     def models() -> Response:
-        return json_response(model_list([_served(model) for model in view.models()]))
+        return json_response(model_list(view.models()))
 
     @app.post("/v2/repository/index")
     def index() -> Response:
-        served = [_served(model) for model in view.models()]
-        return json_response(repository_index(served, request.get_data(cache=False)))
+        return json_response(repository_index(view.models(), request.get_data(cache=False)))
 
     @app.get("/v1/models")
     def openai_list() -> Response:

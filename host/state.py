@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxpool.server.model_states import ServedModel
+
 HOST_FILE = "host.json"
 POOLS_DIR = "pools"
 METRICS_DIR = "metrics"
@@ -34,19 +36,14 @@ SUPERVISOR_DIR = "supervisor"
 
 
 @dataclass(frozen=True)
-class HostModel:
-    """One model of the host, as the repository index shows it."""
+class HostModel(ServedModel):
+    """One model of the host: what the model lists show (name, version, aliases, state, reason) and
+    what the host planned and watches."""
 
-    name: str
-    version: str
-    aliases: tuple[str, ...]
-    address: str
-    state: str
-    """READY (its pool serves), LOADING (its pool starts or restarts), UNAVAILABLE (`reason` says why)."""
-    reason: str = ""
+    address: str = ""
     required: bool = True
     """The host is ready only while this model is: not `optional`, and served since the host started
-    (a model added by a reload counts once it has been ready; until then its failure is its own)."""
+    (a model added by a reload counts once nginx routes to it; until then its failure is its own)."""
     starts: int = 0
     """How many times its pool's master was started (1 at first; more after a restart)."""
     budget: float = 0.0

@@ -24,8 +24,10 @@ class ServedModel:
     """One model as the model list shows it."""
 
     name: str
+    """Its name in URLs, OpenAI bodies, metrics labels."""
     version: str
     aliases: tuple[str, ...]
+    """Other names it answers to."""
     state: str
     """READY (serving), LOADING (its pool is starting or restarting), UNAVAILABLE (`reason` says why)."""
     reason: str = ""

@@ -32,6 +32,12 @@ from tests.harness import REPO, Server, children_of, clean_env, free_port, parse
 from tests.v2client import binary_infer
 
 NGINX = nginx_binary()
+HOST_TEST_MARKS = [
+    pytest.mark.nginx,
+    pytest.mark.slow,
+    pytest.mark.skipif(NGINX is None, reason="nginx binary not installed (apt-get install nginx-light)"),
+]
+"""A module of host tests: `pytestmark = HOST_TEST_MARKS`."""
 
 IMAGE_MODEL = REPO / "models" / "efficientnet-lite0" / "model.onnx"
 IMAGE_LABELS = REPO / "models" / "efficientnet-lite0" / "labels.txt"

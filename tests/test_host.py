@@ -38,10 +38,10 @@ from onnxpool.measure.paths import CAT_JPEG
 from tests.harness import REPO
 from tests.host_harness import (
     CAT_LABELS,
+    HOST_TEST_MARKS,
     IMAGE_MODEL,
     IRIS,
     MINILM,
-    NGINX,
     SETOSA,
     Host,
     check_every_worker,
@@ -67,11 +67,7 @@ from tests.text_models import build_encoder, build_text_model_folder, vocabulary
 from tests.tiny_models import build_tiny_model
 from tests.v2client import LoadRunner, binary_infer, parse_binary_reply
 
-pytestmark = [
-    pytest.mark.nginx,
-    pytest.mark.slow,
-    pytest.mark.skipif(NGINX is None, reason="nginx binary not installed (apt-get install nginx-light)"),
-]
+pytestmark = HOST_TEST_MARKS
 
 # --- the shared host: an image model, iris, two text embedders ------------------------------------
 

@@ -34,6 +34,7 @@ import requests
 
 from tests.harness import clean_env, free_port, spawn_logged
 from tests.host_harness import (
+    HOST_TEST_MARKS,
     NGINX,
     SETOSA,
     Host,
@@ -54,11 +55,7 @@ from tests.text_models import build_text_model_folder
 from tests.tiny_models import build_tiny_model
 from tests.v2client import LoadRunner, LoadStats, binary_infer
 
-pytestmark = [
-    pytest.mark.nginx,
-    pytest.mark.slow,
-    pytest.mark.skipif(NGINX is None, reason="nginx binary not installed (apt-get install nginx-light)"),
-]
+pytestmark = HOST_TEST_MARKS
 
 LOOP_SECONDS = 90.0
 RECOVER_SECONDS = 30.0

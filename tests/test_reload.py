@@ -265,26 +265,24 @@ def test_start_and_replacement_are_not_slowed_down(workers: list[FakeWorker]) ->
     assert arbiter.managed_at - t0 < 0.05 and arbiter.killed == []
 
 
-def test_the_wait_is_bounded_by_graceful_timeout(workers: list[FakeWorker], caplog: pytest.LogCaptureFixture) -> None:
-    arbiter = FakeArbiter(workers, num_workers=2, graceful_timeout=0.3)
+@pytest.mark.parametrize(("graceful_timeout", "waited"), [(0.3, (0.3, 1.0)), (0, (0.0, 0.05))])
+def test_the_wait_is_bounded_by_graceful_timeout(
+    workers: list[FakeWorker], caplog: pytest.LogCaptureFixture, graceful_timeout: float, waited: tuple[float, float]
+) -> None:
+    """At most graceful_timeout (one warning line), then as gunicorn does without the hand-over;
+    graceful_timeout = 0: no wait, no line."""
+    arbiter = FakeArbiter(workers, num_workers=2, graceful_timeout=graceful_timeout)
     hooks.hand_over_on_reload(arbiter)
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="onnxpool.workers"):
         arbiter.manage_workers()
-    assert 0.3 <= arbiter.managed_at - t0 < 1.0
-    assert arbiter.killed == [101, 102]  # then as gunicorn does without the hand-over
+    assert waited[0] <= arbiter.managed_at - t0 < waited[1]
+    assert arbiter.killed == [101, 102]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "2 new worker(s) not warm after 0.3 s" in warnings[0], warnings
-
-
-def test_graceful_timeout_zero_does_not_wait(workers: list[FakeWorker], caplog: pytest.LogCaptureFixture) -> None:
-    arbiter = FakeArbiter(workers, num_workers=2, graceful_timeout=0)
-    hooks.hand_over_on_reload(arbiter)
-    t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="onnxpool.workers"):
-        arbiter.manage_workers()
-    assert arbiter.managed_at - t0 < 0.05 and arbiter.killed == [101, 102]
-    assert not caplog.records
+    if graceful_timeout:
+        assert len(warnings) == 1 and "2 new worker(s) not warm after 0.3 s" in warnings[0], warnings
+    else:
+        assert not caplog.records
 
 
 def test_a_new_worker_dying_while_warming_up_neither_hangs_nor_leaves_an_old_one(workers: list[FakeWorker]) -> None:
