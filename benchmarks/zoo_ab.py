@@ -50,7 +50,9 @@ def zoo_settings(folder: Path, text: bool) -> Path:
     """config/zoo.toml with this checkout's model paths, the cache off (and MiniLM only if built)."""
     source = (REPO / "config" / "zoo.toml").read_text(encoding="utf-8")
     source = source.replace('"../models/', f'"{REPO}/models/')
-    if not text:
+    if text:  # a few of the sentences are longer than the model takes (a 400 otherwise)
+        source = source.replace("[tasks.all-minilm-l6-v2]\n", "[tasks.all-minilm-l6-v2]\ntruncate = true\n")
+    else:
         source = source.split("[models.all-minilm-l6-v2]")[0]
     path = folder / "zoo.toml"
     path.write_text(source + "\n[cache]\nenabled = false\n", encoding="utf-8")

@@ -71,6 +71,7 @@ from onnxpool.host.program import (
     group_members,
     leftover_file,
     read_group,
+    share_output,
     signal_group,
 )
 from onnxpool.host.state import (
@@ -106,7 +107,9 @@ POOL_APP = "onnxpool.gunicorn_conf"
 would configure a server)."""
 READY_TIMEOUT_SECONDS = 600.0
 """A pool's first start: the preflight and every worker's warm-up (MiniLM INT8's first build is slow)."""
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.5
+START_POLL_SECONDS = 0.05
+"""While models start or a reload waits for them: a READY seen sooner is a host ready sooner."""
 PROBE_SECONDS = 1.0
 POOL_START_SECONDS = 30
 """supervisord's startsecs for a pool: a pool that exits sooner failed to start (back-off, retries)."""
@@ -139,6 +142,8 @@ class Model:
     routes: tuple[str, ...] = ()
     has_program: bool = True
     routed: bool = False
+    described: int = 0
+    """The mtime of its pool's description when its routes were read (its master rewrites it at a HUP)."""
     """Its pool has been ready once: nginx routes to it from then on, while it restarts too (its requests
     then get nginx's 503), so a restart reloads nothing."""
 
@@ -331,6 +336,7 @@ class Host:
         return path
 
     def _start_supervisord(self) -> None:
+        share_output(supervisor.output_socket(self.run.path))  # each program writes its log lines itself
         conf = self._write_supervisor_conf()
         env = dict(os.environ)
         env.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -366,12 +372,13 @@ class Host:
             if statename in supervisor.RUNNING_STATES and pid:
                 if model.ready_pid != pid:
                     if probe.probe(model.address, "/v2/health/ready", timeout=PROBE_SECONDS) is None:
-                        description = read_pool_description(self.run.path, name)
-                        model.routes = description.routes if description is not None else ()
+                        self._read_routes(model)
                         model.ready_pid, model.routed = pid, True
                         changed |= self._set(model, READY, "")
                     else:
                         changed |= self._set(model, LOADING, "")
+                elif self._description_stamp(name) != model.described:
+                    self._read_routes(model)  # a HUP replaced its task: nginx follows its routes
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
                 model.ready_pid = 0
                 error = read_pool_error(self.run.path, name) or str(info.get("spawnerr") or "")
@@ -382,6 +389,16 @@ class Host:
                     why += f" (gave up after {supervisor.START_RETRIES} restarts; fix it and reload)"
                 changed |= self._set(model, UNAVAILABLE, why)
         return changed
+
+    def _description_stamp(self, name: str) -> int:
+        with contextlib.suppress(OSError):
+            return (self.run.path / POOLS_DIR / f"{name}.json").stat().st_mtime_ns
+        return 0
+
+    def _read_routes(self, model: Model) -> None:
+        model.described = self._description_stamp(model.name)
+        description = read_pool_description(self.run.path, model.name)
+        model.routes = description.routes if description is not None else ()
 
     def _set(self, model: Model, state: str, reason: str) -> bool:
         if (model.state, model.reason) == (state, reason):
@@ -515,6 +532,8 @@ class Host:
         while time.monotonic() < deadline:
             if self._front_door_answers():
                 return
+            if self._supervisor_died():
+                raise HostError(self._supervisor_death())
             time.sleep(0.05)
         raise HostError(f"nginx does not answer on {self.settings.server.bind} (its error is above)")
 
@@ -589,7 +608,7 @@ class Host:
             if self._stop_requested():
                 return False
             if self._supervisor_died():
-                raise HostError("supervisord exited while the models were starting (its error is above)")
+                raise HostError(self._supervisor_death())
             if self._poll():
                 self._publish()
             if starting:
@@ -605,13 +624,17 @@ class Host:
                     raise HostError(message)
                 log.error("reload: %s", message)
                 return True
-            time.sleep(POLL_SECONDS)
+            time.sleep(START_POLL_SECONDS)
 
     def _stop_requested(self) -> bool:
         return any(signum != signal.SIGHUP for signum in self.signals)
 
     def _supervisor_died(self) -> bool:
         return self.supervisord is None or self.supervisord.poll() is not None
+
+    def _supervisor_death(self) -> str:
+        status = self.supervisord.returncode if self.supervisord is not None else None
+        return f"supervisord exited (status {status}): its programs stop with it; the host exits 1"
 
     def reload(self) -> None:
         """HUP: apply the re-read settings file to the models it changes, and only those."""
@@ -722,8 +745,7 @@ class Host:
                     self.notify("STOPPING=1")
                     return self.stop()
             if self._supervisor_died():
-                status = self.supervisord.returncode if self.supervisord is not None else None
-                log.error("supervisord exited (status %s): its programs stop with it; the host exits 1", status)
+                log.error("%s", self._supervisor_death())
                 self.clean_up()
                 return 1
             changed = self._poll()

@@ -18,7 +18,12 @@ Process rules, in the order they run:
 3. It joins its model's cgroup (`--cgroup`) before exec: gunicorn's workers, its preflight and
    every replacement worker are forked from it, so they are all in the model's cgroup and weigh
    its budget.
-4. The parent-death signal is set (`--deathsig`): if supervisord dies (SIGKILL), the kernel sends
+4. Its output goes straight to the host's (`--output-socket`): the host hands this process its own
+   stdout and stderr over a unix socket (SCM_RIGHTS), so a pool's log lines (one per request
+   with the access log) are written by the pool itself, as a one-model server's are, and not
+   read and written again by supervisord (measured: 7 % of a core at 650 requests/s). Where the
+   host cannot be asked, the output stays supervisord's pipe (supervisord passes it on).
+5. The parent-death signal is set (`--deathsig`): if supervisord dies (SIGKILL), the kernel sends
    it to this process, so a pool stops gracefully and nginx finishes what it holds; nothing runs
    on without its supervisor. It survives exec (unless set-uid), and is not inherited by forks.
 
@@ -37,7 +42,9 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +53,8 @@ PR_SET_PDEATHSIG = 1
 LEFTOVER_SECONDS = 10.0
 """How long a program's start waits for its previous run's processes after `--leftover-signal`."""
 POLL_SECONDS = 0.05
+OUTPUT_SECONDS = 2.0
+"""How long a program waits for the host to hand it its output."""
 
 
 def group_members(pgid: int) -> list[int]:
@@ -114,6 +123,48 @@ def stop_group(pgid: int, sig: int, seconds: float) -> list[int]:
     return killed
 
 
+def share_output(path: Path) -> threading.Thread:
+    """Host: hand this process's stdout and stderr to every program that asks on `path` (owner only)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chmod(path, 0o600)
+    server.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection, contextlib.suppress(OSError):
+                socket.send_fds(connection, [b"out"], [1, 2])
+
+    thread = threading.Thread(target=serve, name="share-output", daemon=True)
+    thread.start()
+    return thread
+
+
+def take_output(path: Path) -> bool:
+    """Program: make the host's stdout and stderr this process's (False: keep supervisord's pipe)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(OUTPUT_SECONDS)
+            client.connect(str(path))
+            _message, fds, _flags, _address = socket.recv_fds(client, 16, 2)
+    except OSError:
+        return False
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, target in zip(fds, (1, 2), strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    return True
+
+
 def set_parent_death_signal(sig: int) -> None:
     """prctl(PR_SET_PDEATHSIG): the kernel sends `sig` to this process when its parent dies."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -142,6 +193,8 @@ def run(args: argparse.Namespace) -> None:
     write_group(group_file, os.getpgrp())
     if args.cgroup:
         (Path(args.cgroup) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    if args.output_socket:
+        take_output(Path(args.output_socket))
     set_parent_death_signal(_signal(args.deathsig))
     if os.getppid() != parent:  # supervisord died before the signal was set: it will never be sent
         raise SystemExit(1)
@@ -202,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     exec_.add_argument("--cgroup", default="", help="the model's cgroup folder to join before exec")
     exec_.add_argument("--deathsig", default="TERM", help="signal sent to this program when supervisord dies")
     exec_.add_argument("--leftover-signal", default="TERM", help="signal for the previous run's processes")
+    exec_.add_argument("--output-socket", default="", help="where the host hands out its stdout and stderr")
     exec_.add_argument(
         "--hand-over", action="store_true", help="leave the previous run's processes to the host (nginx)"
     )

@@ -78,7 +78,8 @@ class Program:
             # The whole group (a pool's workers, nginx's) is killed when the program outlives stopwaitsecs.
             "stopasgroup=false",
             "killasgroup=true",
-            # Its output is the host's (journald, kubectl logs): supervisord passes it on line by line.
+            # Its output is the host's (journald, kubectl logs): the program writes there itself once the
+            # host handed it the host's own (host/program.py); until then supervisord passes it on.
             "redirect_stderr=true",
             "stdout_logfile=/dev/stdout",
             "stdout_logfile_maxbytes=0",
@@ -99,13 +100,21 @@ def _escape(value: str) -> str:
 def wrapped(
     run_dir: Path, name: str, command: Sequence[str], cgroup: Path | None = None, hand_over: bool = False
 ) -> list[str]:
-    """`command` started through host/program.py (module doc)."""
-    argv = [sys.executable, "-m", "onnxpool.host.program", "exec", "--group-file", str(group_file(run_dir, name))]
+    """`command` started through host/program.py (module doc), writing its output itself."""
+    argv = [
+        *(sys.executable, "-m", "onnxpool.host.program", "exec"),
+        *("--group-file", str(group_file(run_dir, name)), "--output-socket", str(output_socket(run_dir))),
+    ]
     if cgroup is not None:
         argv += ["--cgroup", str(cgroup)]
     if hand_over:
         argv.append("--hand-over")
     return [*argv, "--", *command]
+
+
+def output_socket(run_dir: Path) -> Path:
+    """Where the host hands its stdout and stderr to the programs (host/program.py)."""
+    return run_dir / "output.sock"
 
 
 def group_file(run_dir: Path, program: str) -> Path:

@@ -148,11 +148,14 @@ def configure() -> Serving:
 def _refuse(exc: Exception) -> Serving:
     """First load: one line on stderr, exit 1 before any fork. Reload: log, keep serving what runs."""
     if _serving is None:
-        print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
         host, pool = host_dir(), os.environ.get(ENV_POOL, "")
-        if host is not None and pool:  # one model of several: the host shows this line as the model's reason
+        if host is not None and pool:
+            # One model of several: the host says it, once, as this model's reason (and its own error
+            # line when the model is required): supervisord starts a failing pool more than once.
             with contextlib.suppress(OSError):
                 pool_error_file(host, pool).write_text(f"{exc}\n", encoding="utf-8")
+        else:
+            print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     log.error("reload: keeping the running configuration and the last good model: %s", exc)
     return _serving

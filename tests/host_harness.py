@@ -241,7 +241,8 @@ class Host:
         def ready() -> bool:
             plans, masters = self.plans(), self.masters()
             return (
-                bool(plans)
+                "onnxpool.host: front door:" in self.log()  # the host has finished starting
+                and bool(plans)
                 and set(masters) >= set(plans)
                 and all(len(self.workers(name)) == plan.workers for name, plan in plans.items())
                 and requests.get(self.url + "/v2/health/ready", timeout=5).status_code == 200

@@ -77,12 +77,14 @@ def fault_table(request: pytest.FixtureRequest) -> Iterator[None]:
     """Print every case's figures as one table once the module ran."""
     yield
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or not ROWS:
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None or not ROWS:
         return
-    reporter.write_line("")
-    reporter.write_line("fault | the loop on iris (ok / sent, failed) | what /v2/models said | left behind")
-    for row in ROWS:
-        reporter.write_line(f"{row.fault} | {row.loop} | {row.state} | {row.left}")
+    with capture.global_and_fixture_disabled():  # to the terminal, passed or not
+        reporter.write_line("")
+        reporter.write_line("fault | the loop on iris (ok / sent, failed) | what /v2/models said | left behind")
+        for row in ROWS:
+            reporter.write_line(f"{row.fault} | {row.loop} | {row.state} | {row.left}")
 
 
 def record(fault: str, stats: LoadStats | None, state: str, left: list[str]) -> None:
