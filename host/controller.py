@@ -63,7 +63,7 @@ from onnxpool.config.loader import (
 from onnxpool.config.settings import ModelEntry, Settings
 from onnxpool.host import supervisor
 from onnxpool.host.budget import ModelPlan, oversubscribed_budgets, plan_models
-from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_front_door
+from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_checked_front_door
 from onnxpool.host.priority import Priority, choose, renice_workers
 from onnxpool.host.program import (
     PR_SET_PDEATHSIG,
@@ -95,7 +95,7 @@ from onnxpool.host.supervisor import (
     pool_program,
     wrapped,
 )
-from onnxpool.proxy import TEMP_FOLDERS, nginx_binary
+from onnxpool.proxy import nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
 from onnxpool.workers.cores import cpu_allowance
 from onnxpool.workers.run_folder import RunFolder
@@ -445,29 +445,7 @@ class Host:
         )
 
     def _front_door_files(self, pools: tuple[PoolRoute, ...]) -> Path:
-        folder = self.run.path / NGINX_DIR
-        for name in TEMP_FOLDERS:
-            (folder / "tmp" / name).mkdir(parents=True, exist_ok=True)
-        nginx = self.settings.nginx
-        explicit_log = not self.loaded.sources.get("nginx.access_log", "default").startswith("default")
-        settings = self.settings.model_copy(
-            update={
-                "nginx": nginx.model_copy(
-                    update={
-                        "listen": _listen(self.settings.server.bind),
-                        "pidfile": str(folder / "nginx.pid"),
-                        "access_log": nginx.access_log if explicit_log else "",
-                    }
-                )
-            }
-        )
-        main = write_front_door(folder, settings, pools, self.routes_address, self.binary)
-        check = subprocess.run(
-            [self.binary, "-p", str(folder), "-c", str(main), "-t", "-q"], check=False, capture_output=True
-        )
-        if check.returncode != 0:
-            raise FrontDoorError(f"nginx refused {main}: {check.stderr.decode(errors='replace').strip()}")
-        return main
+        return write_checked_front_door(self.run.path / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary)
 
     def _route(self) -> None:
         """Start nginx, or re-render it when the routable pools changed (a HUP: its old workers finish
@@ -844,12 +822,6 @@ def _read_raw(path: Path) -> dict[str, object]:
 
     with path.open("rb") as handle:
         return tomllib.load(handle)
-
-
-def _listen(bind: str) -> str:
-    """nginx's `listen` for [server] bind. On a TCP port with `reuseport`: a restarted nginx binds beside
-    the workers its killed master left, which serve until it answers (host/program.py, --hand-over)."""
-    return bind if bind.startswith("unix:") else f"{bind} reuseport"
 
 
 def _cores(cores: tuple[int, ...]) -> str:

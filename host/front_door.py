@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.nginx import SiteTemplate, proxy_block, render_main, render_site, upstream_block
 from onnxpool.config.settings import Settings
+from onnxpool.proxy import TEMP_FOLDERS
 
 ROUTER_FILE = Path(__file__).resolve().with_name("route_by_model.js")
 ROUTER_MODULE = "ngx_http_js_module.so"
@@ -174,4 +176,39 @@ def write_front_door(
     site.write_text(render_host_site(settings, pools, host_address, router), encoding="utf-8")
     main = folder / "nginx.conf"
     main.write_text(render_main(settings, site, modules), encoding="utf-8")
+    return main
+
+
+def listen(bind: str) -> str:
+    """nginx's `listen` for [server] bind. On a TCP port with `reuseport`: a restarted nginx binds beside
+    the workers its killed master left, which serve until it answers (host/program.py, --hand-over)."""
+    return bind if bind.startswith("unix:") else f"{bind} reuseport"
+
+
+def write_checked_front_door(
+    folder: Path, loaded: LoadedSettings, pools: Sequence[PoolRoute], routes_address: str, binary: str
+) -> Path:
+    """The front door's files in `folder` (its pid and temp files there too, nginx on [server] bind, an
+    access log only when the file names one), checked by `nginx -t`; returns the main configuration.
+    Raises FrontDoorError with nginx's own complaint."""
+    for name in TEMP_FOLDERS:
+        (folder / "tmp" / name).mkdir(parents=True, exist_ok=True)
+    settings = loaded.settings
+    nginx = settings.nginx
+    explicit_log = not loaded.sources.get("nginx.access_log", "default").startswith("default")
+    settings = settings.model_copy(
+        update={
+            "nginx": nginx.model_copy(
+                update={
+                    "listen": listen(settings.server.bind),
+                    "pidfile": str(folder / "nginx.pid"),
+                    "access_log": nginx.access_log if explicit_log else "",
+                }
+            )
+        }
+    )
+    main = write_front_door(folder, settings, pools, routes_address, binary)
+    check = subprocess.run([binary, "-p", str(folder), "-c", str(main), "-t", "-q"], check=False, capture_output=True)
+    if check.returncode != 0:
+        raise FrontDoorError(f"nginx refused {main}: {check.stderr.decode(errors='replace').strip()}")
     return main

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from onnxpool.config.loader import (
     ENV_CONFIG_FILE,
+    ENV_HOST_DIR,
+    ENV_POOL,
     SECRET_KEYS,
     ConfigError,
     config_file_named,
@@ -29,7 +31,8 @@ GUNICORN_CONF = Path(__file__).resolve().with_name("gunicorn_conf.py")
 def _serve(args: argparse.Namespace) -> int:
     """Replace this process with gunicorn running gunicorn.conf.py (same pid, same signals)."""
     config_file = config_path_from(args.config, os.environ).resolve()
-    if _names_several_models(config_file):
+    if _names_several_models(config_file) and not os.environ.get(ENV_POOL):
+        # With $ONNXPOOL_POOL: one model of the file, served alone (a pod's model container).
         if args.workers or args.threads_per_worker:
             print("onnxpool: error: with several models, workers and threads are per model: "
                   "[models.<name>] workers / threads_per_worker", file=sys.stderr)  # fmt: skip
@@ -127,9 +130,10 @@ def _nginx(args: argparse.Namespace) -> int:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
     if settings.models:
-        print("onnxpool: error: this file names several models: `onnxpool serve` runs their nginx itself, "
-              "on [server] bind", file=sys.stderr)  # fmt: skip
-        return 1
+        # A pod whose models run in containers of their own (the zoo overlay): this is its front door.
+        from onnxpool.host.pod_front_door import serve_front_door
+
+        return serve_front_door(config_path_from(args.config, os.environ).resolve())
     if not settings.nginx.pidfile:
         print("onnxpool: error: set [nginx] pidfile (e.g. /run/onnxpool/nginx/nginx.pid): nginx's files go beside it",
               file=sys.stderr)  # fmt: skip
@@ -143,6 +147,24 @@ def _nginx(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"onnxpool: error: cannot write nginx's files beside {settings.nginx.pidfile}: {exc}", file=sys.stderr)
         return 1
+
+
+def _routes(args: argparse.Namespace) -> int:
+    """Replace this process with gunicorn running the host's routes (a pod's routes container)."""
+    config_file = config_path_from(args.config, os.environ).resolve()
+    if not _names_several_models(config_file):
+        print(f"onnxpool: error: {config_file} names no [models.<name>]: the host's routes are for several models",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    host = os.environ.get(ENV_HOST_DIR)
+    if not host:
+        print(f"onnxpool: error: set ${ENV_HOST_DIR}: the run folder the pod's containers share", file=sys.stderr)
+        return 1
+    Path(host).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, ENV_CONFIG_FILE: str(config_file)}
+    argv = [sys.executable, "-m", "gunicorn", "-c", "python:onnxpool.host.routes_conf"]
+    os.execve(sys.executable, argv, env)
+    return 0  # not reached
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,10 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     nginx.set_defaults(func=_nginx_config)
 
     front = commands.add_parser(
-        "nginx", help="run nginx in the foreground in front of this onnxpool (its pod's second container)"
+        "nginx",
+        help="run nginx in the foreground in front of this onnxpool (its pod's second container), or in front "
+        "of several models' containers (a file with [models.<name>]: the zoo pod's front door)",
     )
-    front.add_argument("--config", help="TOML settings file ([nginx] pidfile must be set)")
+    front.add_argument("--config", help="TOML settings file (one model: [nginx] pidfile must be set)")
     front.set_defaults(func=_nginx)
+
+    routes = commands.add_parser(
+        "routes",
+        help=f"answer the host's own routes for several models' containers (the zoo pod; ${ENV_HOST_DIR} shared)",
+    )
+    routes.add_argument("--config", help="TOML settings file with [models.<name>] tables")
+    routes.set_defaults(func=_routes)
     return parser
 
 

@@ -150,15 +150,20 @@ def _refuse(exc: Exception) -> Serving:
     if _serving is None:
         host, pool = host_dir(), os.environ.get(ENV_POOL, "")
         if host is not None and pool:
-            # One model of several: the host says it, once, as this model's reason (and its own error
-            # line when the model is required): supervisord starts a failing pool more than once.
+            # One model of several: its reason in the host's files (the model lists show it).
             with contextlib.suppress(OSError):
                 pool_error_file(host, pool).write_text(f"{exc}\n", encoding="utf-8")
-        else:
+        if not (host is not None and pool and os.environ.get(UNDER_HOST_SUPERVISOR)):
+            # Under the host's supervisord the host says it, once (supervisord starts a failing pool more
+            # than once); in a container of its own (a pod's model) the container's log is where it is read.
             print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     log.error("reload: keeping the running configuration and the last good model: %s", exc)
     return _serving
+
+
+UNDER_HOST_SUPERVISOR = "SUPERVISOR_ENABLED"
+"""Set by supervisord in its programs' environment."""
 
 
 def _start_pool(settings: Settings) -> Pool:

@@ -77,7 +77,7 @@ def run_nginx(settings: Settings, binary: str) -> int:
     # re-opened by nginx through /proc/self/fd/1, which a non-root nginx may not do when that
     # is a file or fifo owned by root (the runtime's); a pipe made by this process is its own.
     child = subprocess.Popen(argv, stdout=subprocess.PIPE)
-    copier = threading.Thread(target=_copy, args=(child.stdout, sys.stdout.buffer), daemon=True)
+    copier = threading.Thread(target=copy_lines, args=(child.stdout, sys.stdout.buffer), daemon=True)
     copier.start()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -91,7 +91,7 @@ def run_nginx(settings: Settings, binary: str) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _copy(source: IO[bytes] | None, target: IO[bytes]) -> None:
+def copy_lines(source: IO[bytes] | None, target: IO[bytes]) -> None:
     """Lines from nginx's stdout pipe to ours, until nginx and its workers have closed it."""
     if source is None:
         return

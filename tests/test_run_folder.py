@@ -28,6 +28,28 @@ def test_stale_folders_of_dead_masters_are_removed(tmp_path: Path) -> None:
     assert live.exists() and unrelated.exists()
 
 
+def test_a_folder_is_stale_when_no_process_holds_its_lock(tmp_path: Path) -> None:
+    """As in a shared emptyDir: every container's master is pid 1, so the lock decides, not the pid
+    (a folder named after this live process, its run gone, is removed; one held by a child is kept)."""
+    made = "from onnxpool.workers.run_folder import RunFolder; import sys; print(RunFolder.create(sys.argv[1]).path)"
+    gone = Path(subprocess.run([sys.executable, "-c", made, str(tmp_path)], capture_output=True, text=True,
+                               check=True).stdout.strip())  # fmt: skip
+    same_pid = gone.rename(tmp_path / f"onnxpool-{os.getpid()}-gone")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", made + "; sys.stdout.flush(); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        held = Path(holder.stdout.readline().strip())
+        remove_stale(tmp_path)
+        assert not same_pid.exists() and held.is_dir()
+    finally:
+        holder.communicate("")
+    remove_stale(tmp_path)
+    assert not held.exists()
+
+
 def test_everything_lives_under_the_configured_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(METRICS_ENV, "")  # so that monkeypatch restores the variable export_metrics sets
     monkeypatch.delenv(METRICS_ENV)

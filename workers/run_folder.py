@@ -12,8 +12,15 @@ root filesystem needs. Without a configured `run_dir` the folder goes on a
 memory-backed file system when there is a roomy one (`default_base`): the
 response cache and the metrics write to it on every request. The master makes the folder at its first config load,
 keeps it across HUP reloads, and removes it when it exits; a master killed with
-SIGKILL cannot, so each new master first removes the folders whose owner pid is
-gone. Process rules (docs/ARCHITECTURE.md):
+SIGKILL cannot, so each new master first removes the stale folders: those whose
+lock file no process holds. Process rules (docs/ARCHITECTURE.md):
+
+- Staleness is a lock, not a pid: the master takes an exclusive flock on the
+  folder's `.lock` and every forked worker inherits the open file, so the lock
+  lasts while any process of the run lives (a killed master's orphaned workers
+  too). A pid would not do where several containers share one emptyDir: each
+  container's master is pid 1 in its own namespace, and a restarted one is pid 1
+  again, so its dead predecessor's folder would look alive forever.
 
 - Metrics: prometheus_client decides at IMPORT time whether it runs in
   multiprocess mode, by reading $PROMETHEUS_MULTIPROC_DIR. The master exports it
@@ -36,6 +43,7 @@ gone. Process rules (docs/ARCHITECTURE.md):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import sys
@@ -110,11 +118,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale(base: Path) -> None:
-    """Delete `onnxpool-<pid>-*` folders in `base` whose master pid no longer exists."""
-    for path in base.glob(f"{PREFIX}*-*"):
+LOCK_FILE = ".lock"
+
+
+def _hold_lock(folder: Path) -> int:
+    """An exclusive flock on `folder`'s lock file, held by this process and every child it forks
+    (the file stays open, inheritable, for the process's life)."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _stale(path: Path) -> bool:
+    """No process of its run is left: nobody holds its lock (a folder without one: its master's pid is gone)."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
         pid_text = path.name[len(PREFIX) :].split("-")[0]
-        if pid_text.isdigit() and not _alive(int(pid_text)) and path.is_dir():
+        return pid_text.isdigit() and not _alive(int(pid_text))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # held: a process of that run lives
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_stale(base: Path) -> None:
+    """Delete the `onnxpool-<pid>-*` folders in `base` that no live process holds."""
+    for path in base.glob(f"{PREFIX}*-*"):
+        if path.is_dir() and _stale(path):
             with contextlib.suppress(OSError):
                 shutil.rmtree(path)
 
@@ -137,6 +173,7 @@ class RunFolder:
         parent.mkdir(parents=True, exist_ok=True)
         remove_stale(parent)
         path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+        _hold_lock(path)
         for sub in ("models", "heartbeat"):
             (path / sub).mkdir()
         return cls(path)

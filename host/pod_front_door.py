@@ -1,0 +1,308 @@
+"""`onnxpool nginx` on a settings file with several models: the front door of a pod whose models
+run in containers of their own (deploy/k8s/overlays/zoo).
+
+In Kubernetes the platform supervises: the kubelet restarts a dead container alone, with back-off,
+and stops the pod's containers. So the pod runs no supervisord; each part the host would start is a
+container, all sharing one run folder ($ONNXPOOL_HOST_DIR, an emptyDir):
+- one container per model: `onnxpool serve` with $ONNXPOOL_POOL=<name> on the same file, the
+  one-model server on its socket in the shared folder (`pools/<name>.sock`), its CPU request its
+  budget (the kubelet turns it into the container's cgroup weight);
+- the host's routes: `onnxpool routes` (host/routes.py, reading the files below);
+- this process, the nginx container's: it starts nginx on the front door's files and watches the
+  models, as the host process does (host/controller.py) but with no programs of its own to start.
+
+Watching: every POLL_SECONDS, a READY model's socket must accept a connection (a dead pool's does
+not: its container is gone; busy workers never fail this, the listen queue takes it), and a model
+that is not READY gets one probe of its pool's /v2/health/ready. Each model's state (READY, LOADING,
+UNAVAILABLE with its pool's last error line) goes to host.json for the routes. nginx routes a model
+from its first READY on (a restart then costs its own requests a 502/503, never a reload), and is
+re-rendered (a HUP: its old workers finish what they hold) when the routable models change.
+
+Process rules: this process is the container's pid 1 and nginx its only child. SIGTERM (the
+kubelet, after preStop) becomes nginx's graceful QUIT; HUP and USR1 are passed on; the exit
+status is nginx's. nginx exiting on its own ends this process too (the kubelet restarts the
+container). The models' containers wait for nginx's pid file to go before they stop serving
+([nginx] pidfile names it), as the one-model pod's onnxpool container does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.config
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from onnxpool import logs, probe
+from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
+from onnxpool.config.settings import ModelEntry
+from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_checked_front_door
+from onnxpool.host.state import (
+    NGINX_DIR,
+    POOLS_DIR,
+    HostModel,
+    pool_error_file,
+    pool_socket,
+    read_pool_description,
+    read_pool_error,
+    write_host,
+)
+from onnxpool.proxy import FORWARD, copy_lines, nginx_binary
+from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
+
+log = logging.getLogger("onnxpool.front")
+
+POLL_SECONDS = 0.5
+START_POLL_SECONDS = 0.05
+"""While a model is not READY: it is routed sooner, the pod ready sooner."""
+PROBE_SECONDS = 1.0
+RELOAD_SECONDS = 5.0
+RESTARTS = "the kubelet restarts its container"
+PRIORITY = "its container's cpu request (cgroup weight)"
+
+
+@dataclass
+class WatchedModel:
+    """One model's container as the front door sees it."""
+
+    name: str
+    entry: ModelEntry
+    address: str
+    state: str = LOADING
+    reason: str = ""
+    routes: tuple[str, ...] = ()
+    routed: bool = False
+    """Ready once: nginx routes to it from then on."""
+    described: int = 0
+    ready_at: float = 0.0
+    """Wall-clock time of its last READY: an error line written since is about this run."""
+    starts: int = 0
+    """How many times it became READY (1, then one more per restart)."""
+    refused: str = ""
+    """Why nginx cannot route it (its js module missing): UNAVAILABLE for good."""
+
+    def host_model(self) -> HostModel:
+        return HostModel(
+            name=self.name,
+            version=self.entry.version,
+            aliases=self.entry.aliases,
+            address=self.address,
+            state=self.state,
+            reason=self.reason,
+            required=not self.entry.optional,
+            starts=self.starts,
+            budget=self.entry.cpus if isinstance(self.entry.cpus, float) else 0.0,
+            priority=PRIORITY,
+        )
+
+
+def accepts(address: str, timeout: float = PROBE_SECONDS) -> bool:
+    """Something listens at `address` (a connection is accepted; no request is sent)."""
+    if address.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: object = address[len("unix:") :]
+    else:
+        host, _, port = address.rpartition(":")
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        target = (host.strip("[]"), int(port))
+    with sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(target)  # type: ignore[arg-type]
+        except OSError:
+            return False
+    return True
+
+
+class PodFrontDoor:
+    def __init__(self, loaded: LoadedSettings, folder: Path, binary: str) -> None:
+        self.loaded = loaded
+        self.folder = folder
+        self.binary = binary
+        self.models = {
+            name: WatchedModel(name, entry, entry.bind or pool_socket(folder, name))
+            for name, entry in loaded.settings.models.items()
+        }
+        self.routed: tuple[PoolRoute, ...] | None = None
+        self.nginx: subprocess.Popen[bytes] | None = None
+
+    @property
+    def routes_address(self) -> str:
+        return f"unix:{self.folder / 'routes.sock'}"  # as host/routes_conf.py binds
+
+    def _error_since_ready(self, model: WatchedModel) -> str:
+        """Its pool's last error line, when written after its last READY."""
+        with contextlib.suppress(OSError):
+            if pool_error_file(self.folder, model.name).stat().st_mtime > model.ready_at:
+                return read_pool_error(self.folder, model.name)
+        return ""
+
+    def _set(self, model: WatchedModel, state: str, reason: str) -> bool:
+        if (model.state, model.reason) == (state, reason):
+            return False
+        if state == READY:
+            log.info("model %s: READY", model.name)
+        elif state == UNAVAILABLE:
+            log.error("model %s: UNAVAILABLE: %s", model.name, reason)
+        model.state, model.reason = state, reason
+        return True
+
+    def _description_stamp(self, name: str) -> int:
+        with contextlib.suppress(OSError):
+            return (self.folder / POOLS_DIR / f"{name}.json").stat().st_mtime_ns
+        return 0
+
+    def _read_routes(self, model: WatchedModel) -> None:
+        model.described = self._description_stamp(model.name)
+        description = read_pool_description(self.folder, model.name)
+        model.routes = description.routes if description is not None else ()
+
+    def poll(self) -> bool:
+        """One look at every model; True when a state changed."""
+        changed = False
+        for model in self.models.values():
+            if model.refused:
+                continue
+            if model.state == READY and accepts(model.address):
+                if self._description_stamp(model.name) != model.described:
+                    self._read_routes(model)  # a new description: nginx follows its routes
+                continue
+            if model.state != READY and probe.probe(model.address, "/v2/health/ready", PROBE_SECONDS) is None:
+                self._read_routes(model)
+                model.routed, model.ready_at = True, time.time()
+                model.starts += 1
+                changed |= self._set(model, READY, "")
+                continue
+            error = self._error_since_ready(model)
+            if error:
+                changed |= self._set(model, UNAVAILABLE, f"{error} ({RESTARTS})")
+            elif model.starts:
+                changed |= self._set(model, UNAVAILABLE, f"its pool stopped answering ({RESTARTS})")
+            else:
+                changed |= self._set(model, LOADING, "")
+        return changed
+
+    def publish(self) -> None:
+        write_host(self.folder, [model.host_model() for model in self.models.values()])
+
+    def _routable(self) -> tuple[PoolRoute, ...]:
+        return tuple(
+            PoolRoute(name=model.name, aliases=model.entry.aliases, address=model.address, routes=model.routes)
+            for model in self.models.values()
+            if model.routed and not model.refused
+        )
+
+    def route(self) -> None:
+        """Write nginx's files for the routable models, and start nginx or HUP it when they changed. A
+        model nginx cannot route (its js module missing) is UNAVAILABLE; the others stay as they were."""
+        pools = self._routable()
+        if pools == self.routed:
+            return
+        try:
+            main = write_checked_front_door(self.folder / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary)
+        except FrontDoorError as exc:
+            known = {pool.name for pool in self.routed or ()}
+            for pool in pools:
+                if pool.name not in known:
+                    model = self.models[pool.name]
+                    model.refused = str(exc)
+                    self._set(model, UNAVAILABLE, str(exc))
+            self.publish()
+            if self.routed is None:
+                self.route()  # nginx starts without them
+            return
+        before = self._nginx_workers()
+        if self.nginx is None:
+            self._start_nginx(main)
+        else:
+            self.nginx.send_signal(signal.SIGHUP)
+        self._await_new_workers(before)
+        self.routed = pools
+
+    def _nginx_workers(self) -> set[int]:
+        if self.nginx is None:
+            return set()
+        try:
+            text = Path(f"/proc/{self.nginx.pid}/task/{self.nginx.pid}/children").read_text()
+        except OSError:
+            return set()
+        return {int(pid) for pid in text.split()}
+
+    def _await_new_workers(self, before: set[int]) -> None:
+        """Until nginx's workers are all ones started on the files just written (the old ones stop taking
+        connections when told to go, but may hold a request until then): a model is READY in host.json
+        only once nginx routes to it, so the pod's readiness never runs ahead of its front door."""
+        deadline = time.monotonic() + RELOAD_SECONDS
+        while time.monotonic() < deadline and self.nginx is not None and self.nginx.poll() is None:
+            workers = self._nginx_workers()
+            if workers - before and not workers & before:
+                return
+            time.sleep(0.01)
+        log.warning("front door: nginx started no worker on its new files within %g s", RELOAD_SECONDS)
+
+    def _start_nginx(self, main: Path) -> None:
+        # nginx's stdout is a pipe of ours, copied to our stdout (as `onnxpool nginx` for one model: an
+        # access log a non-root nginx re-opens must be its own).
+        argv = [self.binary, "-p", str(main.parent), "-c", str(main), "-e", "stderr"]
+        self.nginx = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        threading.Thread(target=copy_lines, args=(self.nginx.stdout, sys.stdout.buffer), daemon=True).start()
+        log.info("front door: nginx on %s", self.loaded.settings.server.bind)
+
+    def serve(self) -> int:
+        """Until nginx exits (its status; 128 + a signal's number when one killed it)."""
+        self.publish()
+        self.route()
+        assert self.nginx is not None
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            if self.nginx is not None and self.nginx.poll() is None:
+                self.nginx.send_signal(FORWARD[signal.Signals(signum)])
+
+        for signum in FORWARD:
+            signal.signal(signum, forward)
+        while self.nginx.poll() is None:
+            changed = self.poll()
+            self.route()  # before the states are published: READY is routed
+            if changed:
+                self.publish()
+            settling = any(model.state != READY and not model.refused for model in self.models.values())
+            time.sleep(START_POLL_SECONDS if settling else POLL_SECONDS)
+        code = self.nginx.returncode
+        return code if code >= 0 else 128 - code
+
+
+def serve_front_door(config_file: Path) -> int:
+    """`onnxpool nginx` with several models: returns the exit status."""
+    try:
+        loaded = load_settings(config_file, pool="")
+    except ConfigError as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
+    logging.config.dictConfig(logs.logconfig_dict(loaded.settings.logging))
+    folder = os.environ.get(ENV_HOST_DIR)
+    if not folder:
+        print(f"onnxpool: error: set ${ENV_HOST_DIR}: the run folder the pod's containers share", file=sys.stderr)
+        return 1
+    binary = nginx_binary()
+    if binary is None:
+        print("onnxpool: error: nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
+        return 1
+    path = Path(folder)
+    # nginx started as root runs its workers as `nobody`: they reach the sockets through these folders.
+    for part in (path, path / POOLS_DIR, path / NGINX_DIR):
+        part.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(PermissionError):
+            part.chmod(0o711)
+    try:
+        return PodFrontDoor(loaded, path, binary).serve()
+    except (FrontDoorError, OSError) as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
+        return 1
