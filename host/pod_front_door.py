@@ -187,7 +187,7 @@ class PodFrontDoor:
             elif model.starts:
                 changed |= self._set(model, UNAVAILABLE, f"its pool stopped answering ({RESTARTS})")
             else:
-                changed |= self._set(model, LOADING, "")
+                changed |= self._set(model, LOADING, f"waiting for its pool at {model.address} (its container)")
         return changed
 
     def publish(self) -> None:

@@ -90,9 +90,15 @@ def selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in (selector or {}).items())
 
 
+def main_container(docs: Docs) -> str:
+    """The container whose settings the checks read: onnxpool's, or in the zoo pod (no such container,
+    one per model) the front door's, which reads the whole several-models file."""
+    return APP if any(c["name"] == APP for c in containers(docs)) else PROXY
+
+
 def config_path(docs: Docs) -> str:
     """The settings file the onnxpool container reads: `--config FILE`, else $ONNXPOOL_CONFIG, else the image's."""
-    c = container(deployment(docs), APP)
+    c = container(deployment(docs), main_container(docs))
     argv = [*c.get("command", []), *c.get("args", [])]
     for index, arg in enumerate(argv):
         if arg == "--config" and index + 1 < len(argv):
@@ -108,7 +114,7 @@ def settings_text(docs: Docs) -> str | None:
     path = config_path(docs)
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
     configmaps = {cm["metadata"]["name"]: cm for cm in objects(docs, "ConfigMap")}
-    for mount in container(dep, APP).get("volumeMounts", []):
+    for mount in container(dep, main_container(docs)).get("volumeMounts", []):
         source = volumes.get(mount["name"], {}).get("configMap")
         folder = mount["mountPath"].rstrip("/") + "/"
         if source and path.startswith(folder) and "subPath" not in mount:
@@ -124,9 +130,9 @@ def settings_toml(docs: Docs) -> dict[str, Any]:
     return tomllib.loads(text) if text is not None else {}
 
 
-def setting(docs: Docs, section: str, key: str, default: Any, name: str = APP) -> Any:
+def setting(docs: Docs, section: str, key: str, default: Any, name: str = "") -> Any:
     """A setting as container `name` sees it: its ONNXPOOL_<SECTION>__<KEY> env, else the ConfigMap's file."""
-    env = env_of(container(deployment(docs), name))
+    env = env_of(container(deployment(docs), name or main_container(docs)))
     if f"ONNXPOOL_{section.upper()}__{key.upper()}" in env:
         return env[f"ONNXPOOL_{section.upper()}__{key.upper()}"]
     return settings_toml(docs).get(section, {}).get(key, default)
@@ -338,16 +344,29 @@ def check_grace(docs: Docs) -> list[str]:
             "(nginx's graceful stop, then gunicorn's drain)"
         )
     timeout = int(server_setting(docs, "timeout", DEFAULT_TIMEOUT))
-    c = container(deployment(docs))
-    live = c.get("livenessProbe", {})
-    # The earliest kill: the first failed probe's timeout, then failureThreshold - 1 more periods.
-    live_budget = (live.get("failureThreshold", 3) - 1) * live.get("periodSeconds", 10) + live.get("timeoutSeconds", 1)
-    if live_budget <= timeout:
-        problems.append(f"liveness budget {live_budget}s <= server.timeout {timeout}s: kubelet kills before gunicorn")
-    start = c.get("startupProbe", {})
-    if start.get("periodSeconds", 10) * start.get("failureThreshold", 3) < 20:
-        problems.append("startup budget under 20 s (10x the measured model load + warm-up)")
+    for c in server_containers(docs):
+        live = c.get("livenessProbe", {})
+        # The earliest kill: the first failed probe's timeout, then failureThreshold - 1 more periods.
+        live_budget = (live.get("failureThreshold", 3) - 1) * live.get("periodSeconds", 10) + live.get(
+            "timeoutSeconds", 1
+        )
+        if live_budget <= timeout:
+            problems.append(
+                f"{c['name']}: liveness budget {live_budget}s <= server.timeout {timeout}s: kubelet kills before gunicorn"
+            )
+        start = c.get("startupProbe", {})
+        if start.get("periodSeconds", 10) * start.get("failureThreshold", 3) < 20:
+            problems.append(f"{c['name']}: startup budget under 20 s (10x the measured model load + warm-up)")
     return problems
+
+
+MODEL_PREFIX = "model-"
+"""The zoo pod's model containers: `model-<name>` serves [models.<name>]."""
+
+
+def server_containers(docs: Docs) -> list[dict[str, Any]]:
+    """The containers running gunicorn on a model: onnxpool's, or the zoo pod's model-<name> ones."""
+    return [c for c in containers(docs) if c["name"] == APP or c["name"].startswith(MODEL_PREFIX)]
 
 
 def _under(path: str, mounts: list[str]) -> bool:
@@ -370,14 +389,16 @@ def check_writable(docs: Docs) -> list[str]:
                 writable.append(m["mountPath"])
         env = env_of(c)
         paths = {k: env.get(k, "") for k in ("TMPDIR", "HOME")}
-        if c["name"] == APP:
+        if env.get("ONNXPOOL_HOST_DIR"):
+            paths["ONNXPOOL_HOST_DIR (the shared run folder)"] = env["ONNXPOOL_HOST_DIR"]
+        if c["name"] == APP or c["name"].startswith(MODEL_PREFIX):
             paths["ONNXPOOL_SERVER__RUN_DIR"] = env.get("ONNXPOOL_SERVER__RUN_DIR", "")
             paths["metrics.dir"] = env.get("ONNXPOOL_METRICS__DIR", toml.get("metrics", {}).get("dir", ""))
             paths["server.pidfile"] = toml.get("server", {}).get("pidfile", "")
             paths["server.control_socket"] = toml.get("server", {}).get("control_socket", "")
             if not paths["ONNXPOOL_SERVER__RUN_DIR"]:
                 problems.append("ONNXPOOL_SERVER__RUN_DIR unset: the server would write to the read-only root")
-        else:
+        elif c["name"] == PROXY and not env.get("ONNXPOOL_HOST_DIR"):
             paths["nginx.pidfile (and nginx's files beside it)"] = str(setting(docs, "nginx", "pidfile", "", c["name"]))
         for what, path in paths.items():
             if path and not _under(path, writable):
@@ -544,15 +565,18 @@ def check_monitoring(docs: Docs) -> list[str]:
 
 # ------------------------------------------------------ several models: the zoo pod
 
-# The zoo pod (overlays/zoo): ONE container, `onnxpool serve --config <a file with [models.<name>]
-# tables>`, the host, which starts one gunicorn pool per model and nginx itself. Measured (the
-# 2-core VM, config/zoo.toml's models): the host process ~45 MiB RSS, its supervisord ~25 MiB, the
-# janitor ~13 MiB and the host's routes (a gunicorn master and its worker) ~80 MiB: ~165 MiB; nginx
-# is counted as its container in the two-container pod (the base's nginx resources: its "share").
-HOST_MEMORY = 192 * 2**20
+# The zoo pod (overlays/zoo): the platform supervises. One container per model (`model-<name>`,
+# `onnxpool serve` with $ONNXPOOL_POOL on a file with [models.<name>] tables), the host's routes
+# (`onnxpool routes`) and the front door (`onnxpool nginx` on the same file), all sharing one run
+# folder ($ONNXPOOL_HOST_DIR on an emptyDir). Measured (the 2-core VM): the host's routes (a gunicorn
+# master and its worker) ~80 MiB RSS; the front door's watching process ~45 MiB beside nginx.
+ROUTES_MEMORY = 128 * 2**20
+FRONT_DOOR_MEMORY = 192 * 2**20
+ROUTES = "routes"
 IMAGE_MODELS = "/opt/onnxpool/models"  # the Dockerfile links the package's models/ folder here
 DEFAULT_CACHE_BYTES = 64 * 2**20  # [cache] max_bytes
 RELOAD_COPIES = 4  # a reload holds the old copy (mapped), the next one and the bytes it is made from
+PROBE_MODULE = "onnxpool.probe"
 
 
 def base_nginx() -> dict[str, Any]:
@@ -560,13 +584,18 @@ def base_nginx() -> dict[str, Any]:
     return container(deployment(rendered(K8S / "base")), PROXY)
 
 
-def mounted_volumes(docs: Docs) -> list[str]:
-    """Mount paths of the onnxpool container's volumes that bring files in (not emptyDirs, not ConfigMaps)."""
+def model_containers(docs: Docs) -> dict[str, dict[str, Any]]:
+    """The zoo pod's model containers, by the model they serve ($ONNXPOOL_POOL)."""
+    return {env_of(c).get("ONNXPOOL_POOL", ""): c for c in containers(docs) if c["name"].startswith(MODEL_PREFIX)}
+
+
+def mounted_volumes(docs: Docs, name: str = "") -> list[str]:
+    """Mount paths of container `name`'s volumes that bring files in (not emptyDirs, not ConfigMaps)."""
     dep = deployment(docs)
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
     return [
         m["mountPath"]
-        for m in container(dep, APP).get("volumeMounts", [])
+        for m in container(dep, name or main_container(docs)).get("volumeMounts", [])
         if not {"emptyDir", "configMap"} & set(volumes.get(m["name"], {}))
     ]
 
@@ -607,63 +636,94 @@ def zoo_models(docs: Docs) -> dict[str, dict[str, Any]]:
 
 
 def held_models(docs: Docs) -> tuple[dict[str, Path | None], list[str]]:
-    """The models whose file the pod has: name -> the checkout's copy (image) or None (a volume's)."""
+    """The models whose file their container has: name -> the checkout's copy (image) or None (a volume's)."""
     held: dict[str, Path | None] = {}
     problems = []
-    volumes = mounted_volumes(docs)
+    served = model_containers(docs)
     for name, entry in zoo_models(docs).items():
         path = str(entry.get("path", ""))
-        if _under(path, volumes):
+        if name in served and _under(path, mounted_volumes(docs, served[name]["name"])):
             held[name] = None
         elif (copy := image_file(path)) is not None:
             held[name] = copy
         elif not entry.get("optional", False):
             problems.append(
-                f"model {name}: {path} is neither in the image (package data at {IMAGE_MODELS}) nor on a volume: "
-                "the host would not start (optional = true serves the others without it)"
+                f"model {name}: {path} is neither in the image (package data at {IMAGE_MODELS}) nor on a volume "
+                "of its container: it would never start (optional = true serves the others without it)"
             )
     return held, problems
 
 
+def probe_command(c: dict[str, Any], probe: str) -> list[str]:
+    return list(c.get(probe, {}).get("exec", {}).get("command", []))
+
+
 def check_zoo_pod(docs: Docs) -> list[str]:
-    """One container, the host: `onnxpool serve` on a several-model file whose front door is the pod's port."""
+    """A container per model the pod holds, the routes, the front door on the pod's port; one shared folder."""
     problems = []
     dep = deployment(docs)
     names = [c["name"] for c in containers(docs)]
-    if names != [APP]:
-        problems.append(f"containers {names}: the zoo pod runs one, {APP} (the host starts nginx itself)")
-    c = container(dep, APP)
-    if [Path(a).name for a in c.get("command", [])] != ["onnxpool", "serve"]:
-        problems.append(f"command {c.get('command')} is not `onnxpool serve`")
-    path, env = config_path(docs), env_of(c)
-    if env.get("ONNXPOOL_CONFIG", path) != path:
-        problems.append(f"ONNXPOOL_CONFIG {env['ONNXPOOL_CONFIG']} is not the file served ({path})")
+    held, _ = held_models(docs)
+    served = model_containers(docs)
+    wanted = {PROXY, ROUTES, *(MODEL_PREFIX + name for name in held)}
+    if set(names) != wanted or len(names) != len(wanted):
+        problems.append(f"containers {names}, expected {sorted(wanted)}: nginx, the routes and one per held model")
+    path = config_path(docs)
     text = settings_text(docs)
     if text is None:
-        return [*problems, f"settings file {path} is not a file of a ConfigMap the container mounts"]
+        return [*problems, f"settings file {path} is not a file of a ConfigMap the front door mounts"]
     if not zoo_models(docs):
-        problems.append(f"{path} has no [models.<name>] tables: `onnxpool serve` would run one model, no host")
-    problems += _load_problems(text, env, pool="")
-    http = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}.get("http")
-    bind = str(setting(docs, "server", "bind", "127.0.0.1:8000"))
+        problems.append(f"{path} has no [models.<name>] tables: no several models to serve")
+    host_dirs = {c["name"]: env_of(c).get("ONNXPOOL_HOST_DIR", "") for c in containers(docs)}
+    if len(set(host_dirs.values())) != 1 or not next(iter(host_dirs.values())):
+        problems.append(f"ONNXPOOL_HOST_DIR differs or is unset {host_dirs}: the containers share one run folder")
+    host_dir = host_dirs.get(PROXY, "")
+    if host_dir and not _under(host_dir, shared_empty_dirs(docs)):
+        problems.append(f"ONNXPOOL_HOST_DIR {host_dir} is not on an emptyDir every container mounts")
+    commands = {PROXY: ["onnxpool", "nginx"], ROUTES: ["onnxpool", "routes"]}
+    for c in containers(docs):
+        want = commands.get(c["name"], ["onnxpool", "serve"])
+        if [Path(a).name for a in c.get("command", [])] != want:
+            problems.append(f"{c['name']}: command {c.get('command')} is not `{' '.join(want)}`")
+        argv = [*c.get("args", [])]
+        config = argv[argv.index("--config") + 1] if "--config" in argv else env_of(c).get("ONNXPOOL_CONFIG")
+        if config != path or env_of(c).get("ONNXPOOL_CONFIG", path) != path:
+            problems.append(f"{c['name']}: reads {config}, not the file the front door routes by ({path})")
+    from onnxpool.host.state import pool_socket
+
+    problems += _load_problems(text, env_of(container(dep, PROXY)), pool="")
+    for name, c in served.items():
+        env = env_of(c)
+        if c["name"] != MODEL_PREFIX + name:
+            problems.append(f"{c['name']} serves {name!r} ($ONNXPOOL_POOL): name it {MODEL_PREFIX}{name}")
+        if name not in zoo_models(docs):
+            problems.append(f"{c['name']}: {name!r} is not a [models.<name>] of {path}")
+            continue
+        problems += [f"{c['name']}: {p}" for p in _load_problems(text, env, pool=name)]
+        address = zoo_models(docs)[name].get("bind") or pool_socket(Path(host_dir), name)
+        if env.get("ONNXPOOL_SERVER__BIND") != address:
+            problems.append(f"{c['name']}: binds {env.get('ONNXPOOL_SERVER__BIND')}, the front door routes it to {address}")
+        pidfile = str(Path(host_dir) / "nginx" / "nginx.pid")
+        if env.get("ONNXPOOL_NGINX__PIDFILE") != pidfile:
+            problems.append(f"{c['name']}: nginx.pidfile is not {pidfile}: gunicorn would stop before nginx finished")
+        metrics = env.get("ONNXPOOL_METRICS__DIR", "")
+        if metrics != str(Path(host_dir) / "metrics" / name):
+            problems.append(f"{c['name']}: metrics.dir {metrics!r} is not metrics/{name} of the shared folder "
+                            "(one /metrics sums them)")  # fmt: skip
+    http = {p["name"]: p["containerPort"] for p in container(dep, PROXY).get("ports", []) if "name" in p}.get("http")
+    bind = str(setting(docs, "server", "bind", "127.0.0.1:8000", PROXY))
     host, _, port = bind.rpartition(":")
     if http is None:
-        problems.append("no container port named http")
+        problems.append("the front door has no container port named http")
     elif bind.startswith("unix:") or not port.isdigit() or int(port) != http or host in ("127.0.0.1", "localhost"):
-        problems.append(
-            f"server.bind {bind} (the host's nginx) is not the container port http ({http}) on the pod's network"
-        )
+        problems.append(f"server.bind {bind} (the front door) is not the container port http ({http}) on the pod's network")
     for svc in objects(docs, "Service"):
         for sp in svc["spec"].get("ports", []):
             if sp.get("targetPort", sp["port"]) not in ("http", http):
-                problems.append(
-                    f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http"
-                )
+                problems.append(f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http")
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) != http:
-        problems.append(
-            f"prometheus.io/port {annotations['prometheus.io/port']} is not port http (the host's /metrics)"
-        )
+        problems.append(f"prometheus.io/port {annotations['prometheus.io/port']} is not port http (the host's /metrics)")
     return problems
 
 
@@ -677,7 +737,9 @@ def load_pod_settings(text: str, env: dict[str, str], pool: str | None = None) -
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "settings.toml"
         path.write_text(text, encoding="utf-8")
-        environ = {k: v for k, v in env.items() if k.startswith("ONNXPOOL_") and k != "ONNXPOOL_CONFIG"}
+        environ = {
+            k: v for k, v in env.items() if k.startswith("ONNXPOOL_") and k not in ("ONNXPOOL_CONFIG", "ONNXPOOL_POOL")
+        }
         return load_settings(path, environ=environ, pool=pool).settings
 
 
@@ -691,41 +753,61 @@ def _load_problems(text: str, env: dict[str, str], pool: str | None) -> list[str
     return []
 
 
+def zoo_ceiling(docs: Docs) -> float:
+    """What the zoo plans for in all: the budgets in its file + nginx's share (the base's)."""
+    budgets = [float(b) for b in (e.get("cpus", "auto") for e in zoo_models(docs).values()) if isinstance(b, int | float)]
+    return sum(budgets) + cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
+
+
 def check_zoo_resources(docs: Docs) -> list[str]:
-    """cpu = the budgets in the settings file + nginx's share; memory and the run folder cover the pools."""
+    """Each model's container requests its budget and may use the zoo's whole CPU; memory and the run
+    folder cover what each holds."""
     problems = []
     dep = deployment(docs)
-    res = container(dep, APP).get("resources", {})
-    req, lim = res.get("requests", {}), res.get("limits", {})
-    if not all(k in d for d in (req, lim) for k in ("cpu", "memory")):
-        return ["cpu and memory requests and limits must all be set"]
-    budgets = {name: entry.get("cpus", "auto") for name, entry in zoo_models(docs).items()}
-    numbers = {name: float(b) for name, b in budgets.items() if isinstance(b, int | float)}
-    for name in set(budgets) - set(numbers):
-        problems.append(f"model {name}: cpus = {budgets[name]!r}: the pod's cpu request needs every budget as a number")
-    nginx_cpu = cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
-    want = sum(numbers.values()) + nginx_cpu
-    if round(cpu_quantity(req["cpu"]) * 1000) != round(want * 1000):
-        problems.append(
-            f"requests.cpu {req['cpu']} != the sum of the budgets in {config_path(docs)} "
-            f"({sum(numbers.values()):g}) + nginx's share ({nginx_cpu:g}) = {want:g}"
-        )
-    if any(str(req[k]) != str(lim[k]) for k in ("cpu", "memory")):
-        problems.append(f"requests {req} != limits {lim}: the budgets are what the pod is guaranteed")
-    cpu = cpu_quantity(lim["cpu"])
+    ceiling = zoo_ceiling(docs)
+    entries = zoo_models(docs)
+    workers = max(1, math.floor(ceiling))
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
-    workers = max(1, math.floor(cpu))
-    if annotations.get("onnxpool.io/cpu-layout") != "unpinned" or cpu == int(cpu):
-        problems.append(f"limits.cpu {lim['cpu']}: the zoo pod is a fractional quota, unpinned (annotated so)")
+    if annotations.get("onnxpool.io/cpu-layout") != "unpinned" or ceiling == int(ceiling):
+        problems.append(f"the zoo's cpu {ceiling:g}: each model's limit is a fractional quota, unpinned (annotated so)")
     if annotations.get("onnxpool.io/workers") != str(workers):
-        problems.append(
-            f"onnxpool.io/workers {annotations.get('onnxpool.io/workers')} but limits.cpu gives {workers} per model"
-        )
+        problems.append(f"onnxpool.io/workers {annotations.get('onnxpool.io/workers')} but limits.cpu gives {workers} per model")
+    numbers = {n: float(e["cpus"]) for n, e in entries.items() if isinstance(e.get("cpus", "auto"), int | float)}
     if sum(numbers.values()) > workers + 1e-9:
-        problems.append(
-            f"the budgets sum to {sum(numbers.values()):g} > floor(limits.cpu) = {workers} usable cores: "
-            "they would hold as proportions only"
-        )
+        problems.append(f"the budgets sum to {sum(numbers.values()):g} > floor(limits.cpu) = {workers} usable cores")
+    for c in containers(docs):
+        res = c.get("resources", {})
+        req, lim = res.get("requests", {}), res.get("limits", {})
+        if not all(k in d for d in (req, lim) for k in ("cpu", "memory")):
+            problems.append(f"{c['name']}: cpu and memory requests and limits must all be set")
+            continue
+        if bytes_quantity(req["memory"]) != bytes_quantity(lim["memory"]):
+            problems.append(f"{c['name']}: memory request != limit")
+    for name, c in model_containers(docs).items():
+        res = c.get("resources", {})
+        req, lim = res.get("requests", {}), res.get("limits", {})
+        if "cpu" not in req or "cpu" not in lim or "memory" not in lim:
+            continue
+        if name not in numbers:
+            problems.append(f"model {name}: cpus = {entries.get(name, {}).get('cpus', 'auto')!r}: its container's "
+                            "cpu request needs its budget as a number")  # fmt: skip
+        elif round(cpu_quantity(req["cpu"]) * 1000) != round(numbers[name] * 1000):
+            problems.append(f"{c['name']}: requests.cpu {req['cpu']} is not its budget in {config_path(docs)} ({numbers[name]:g})")
+        if round(cpu_quantity(lim["cpu"]) * 1000) != round(ceiling * 1000):
+            problems.append(
+                f"{c['name']}: limits.cpu {lim['cpu']} is not the zoo's {ceiling:g} (its budgets + nginx's share): "
+                "below it, idle cores are not lent; above it, a model could take the neighbours' planned share"
+            )
+        need = MASTER_MEMORY + workers * WORKER_MEMORY
+        if bytes_quantity(lim["memory"]) < need:
+            problems.append(f"{c['name']}: limits.memory {lim['memory']} < a master and {workers} workers = {need >> 20}Mi")
+    for name, need in ((ROUTES, ROUTES_MEMORY), (PROXY, FRONT_DOOR_MEMORY)):
+        lim = container(dep, name).get("resources", {}).get("limits", {})
+        if "memory" in lim and bytes_quantity(lim["memory"]) < need:
+            problems.append(f"{name}: limits.memory {lim['memory']} < {need >> 20}Mi measured and counted")
+    nginx_cpu = base_nginx()["resources"]["requests"]["cpu"]
+    if str(container(dep, PROXY).get("resources", {}).get("requests", {}).get("cpu")) != str(nginx_cpu):
+        problems.append(f"{PROXY}: requests.cpu is not nginx's share ({nginx_cpu}) the zoo's cpu counts")
     held, missing = held_models(docs)
     problems += missing
     spec = dep["spec"]["template"]["spec"]
@@ -734,16 +816,8 @@ def check_zoo_resources(docs: Docs) -> list[str]:
         for v in spec.get("volumes", [])
         if v.get("emptyDir", {}).get("medium") == "Memory"
     )
-    nginx_memory = bytes_quantity(base_nginx()["resources"]["limits"]["memory"])
-    need = HOST_MEMORY + nginx_memory + len(held) * (MASTER_MEMORY + workers * WORKER_MEMORY) + tmpfs
-    if bytes_quantity(lim["memory"]) < need:
-        problems.append(
-            f"limits.memory {lim['memory']} < host + nginx + {len(held)} pools of a master and {workers} workers "
-            f"+ tmpfs = {need >> 20}Mi"
-        )
     cache = settings_toml(docs).get("cache", {})
     cache_bytes = int(cache.get("max_bytes", DEFAULT_CACHE_BYTES)) if cache.get("enabled", True) else 0
-    entries = zoo_models(docs)
     run_folder = sum(RELOAD_COPIES * copy.stat().st_size for copy in held.values() if copy is not None) + sum(
         cache_bytes for name in held if entries[name].get("cache", True)
     )
@@ -756,22 +830,30 @@ def check_zoo_resources(docs: Docs) -> list[str]:
 
 
 def check_zoo_probes(docs: Docs) -> list[str]:
-    """Every probe through the front door (port http): nginx's own liveness, readiness of every model."""
+    """Each model's container probed over its own socket (restarted alone); the pod's readiness through
+    the front door (the readiness rule); nginx's own liveness; the routes' over their socket."""
     problems = []
-    c = container(deployment(docs), APP)
+    dep = deployment(docs)
     served, own = served_routes(), nginx_own_paths()
-    wanted = {"startupProbe": served | own, "readinessProbe": {HEALTH_READY}, "livenessProbe": {NGINX_LIVE}}
-    for probe, paths in wanted.items():
-        get = c.get(probe, {}).get("httpGet")
-        if not get or "exec" in c.get(probe, {}):
-            problems.append(f"{probe}: not an httpGet probe through the front door")
-        elif get.get("port") not in (
-            "http",
-            *(p["containerPort"] for p in c.get("ports", []) if p.get("name") == "http"),
-        ):
-            problems.append(f"{probe} port {get.get('port')!r} is not the front door (port http)")
-        elif get.get("path") not in paths or get.get("path") not in served | own:
-            problems.append(f"{probe} path {get.get('path')!r}, expected one of {sorted(paths)[:3]} (answered)")
+    proxy = container(dep, PROXY)
+    for probe, path, answered in (("readinessProbe", HEALTH_READY, served), ("livenessProbe", NGINX_LIVE, own)):
+        get = proxy.get(probe, {}).get("httpGet")
+        if not get or get.get("port") not in ("http", 8000):
+            problems.append(f"{PROXY} {probe}: not an httpGet probe through the front door (port http)")
+        elif get.get("path") != path or path not in answered:
+            problems.append(f"{PROXY} {probe} path {get.get('path')!r}, expected {path}")
+    for name, c in model_containers(docs).items():
+        bind = env_of(c).get("ONNXPOOL_SERVER__BIND", "")
+        for probe, path in (("startupProbe", HEALTH_READY), ("livenessProbe", HEALTH_LIVE)):
+            if probe_command(c, probe)[-3:] != [PROBE_MODULE, bind, path] or path not in served:
+                problems.append(f"{c['name']} {probe} {probe_command(c, probe)!r}: expected "
+                                f"`python -m {PROBE_MODULE} {bind} {path}` (its own socket)")  # fmt: skip
+        if "readinessProbe" in c:
+            problems.append(f"{c['name']}: a readinessProbe of its own would take every model out of the Service "
+                            "for one (the front door's follows the readiness rule)")  # fmt: skip
+    routes_socket = f"unix:{env_of(container(dep, ROUTES)).get('ONNXPOOL_HOST_DIR', '')}/routes.sock"
+    if probe_command(container(dep, ROUTES), "livenessProbe")[-3:] != [PROBE_MODULE, routes_socket, HEALTH_LIVE]:
+        problems.append(f"{ROUTES} livenessProbe: expected `python -m {PROBE_MODULE} {routes_socket} {HEALTH_LIVE}`")
     return problems
 
 
@@ -820,8 +902,12 @@ def per_deployment(docs: Docs) -> dict[str, Docs]:
 
 
 def _loaded(docs: Docs, pool: str | None = None) -> Settings:
-    """The onnxpool container's settings (its environment over its ConfigMap's file)."""
-    return load_pod_settings(settings_text(docs) or "", env_of(container(deployment(docs), APP)), pool)
+    """The settings a container loads (its environment over its ConfigMap's file): onnxpool's, or in
+    the zoo pod the front door's (pool "") or model `pool`'s container's."""
+    name = main_container(docs)
+    if pool and name == PROXY and MODEL_PREFIX + pool in {c["name"] for c in containers(docs)}:
+        name = MODEL_PREFIX + pool  # (a model the pod holds no file of has none: the front door's view)
+    return load_pod_settings(settings_text(docs) or "", env_of(container(deployment(docs), name)), pool)
 
 
 def check_scale_out(docs: Docs) -> list[str]:
@@ -946,7 +1032,7 @@ NEGATIVE = {
     "bad-nginx": ("nginx", "nginx.pidfile"),
     "bad-monitoring": ("monitoring", "differs from deploy/monitoring/onnxpool-rules.yml"),
     "bad-zoo-pod": ("zoo_pod", "is not the container port http"),
-    "bad-zoo-budget": ("zoo_resources", "the sum of the budgets"),
+    "bad-zoo-budget": ("zoo_resources", "idle cores are not lent"),
     "bad-zoo-memory": ("zoo_resources", "limits.memory"),
     "bad-zoo-model": ("zoo_resources", "neither in the image"),
     "bad-zoo-probe": ("zoo_probes", "livenessProbe path"),
@@ -1056,12 +1142,14 @@ def test_scale_out_deployments_are_one_model_pods(check):
 def test_zoo_cpu_is_its_budgets_plus_nginx():
     """The numbers the zoo check derives (spelled out: the ConfigMap's budgets, the base's nginx share)."""
     docs = overlay("zoo")
-    budgets = [float(entry["cpus"]) for entry in zoo_models(docs).values()]
+    budgets = {name: float(entry["cpus"]) for name, entry in zoo_models(docs).items()}
     nginx = cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
-    requested = cpu_quantity(container(deployment(docs), APP)["resources"]["requests"]["cpu"])
-    assert len(budgets) == 3 and math.isclose(requested, sum(budgets) + nginx), (budgets, nginx, requested)
+    assert len(budgets) == 3 and math.isclose(zoo_ceiling(docs), sum(budgets.values()) + nginx)
+    for name, c in model_containers(docs).items():
+        assert math.isclose(cpu_quantity(c["resources"]["requests"]["cpu"]), budgets[name])
+        assert math.isclose(cpu_quantity(c["resources"]["limits"]["cpu"]), 2.25)
     held, _ = held_models(docs)
-    assert set(held) == {"efficientnet-lite0", "iris"}, "MiniLM is optional and not in the image"
+    assert set(held) == set(model_containers(docs)) == {"efficientnet-lite0", "iris"}, "MiniLM: optional, not held"
 
 
 @pytest.mark.parametrize("name", NEGATIVE)
@@ -1083,7 +1171,7 @@ def test_overlays_choose_the_cpu_layouts_they_promise():
     assert layout("pinned") == "pinned"
     assert layout("shared") == "unpinned"
     assert layout("zoo") == "unpinned"
-    assert [c["name"] for c in containers(overlay("zoo"))] == [APP]
+    assert [c["name"] for c in containers(overlay("zoo"))] == [PROXY, ROUTES, "model-efficientnet-lite0", "model-iris"]
     assert objects(overlay("monitoring"), "ServiceMonitor")
     assert objects(overlay("monitoring"), "PrometheusRule")
     assert objects(overlay("ingress-nginx"), "Ingress")
