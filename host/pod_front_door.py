@@ -207,7 +207,9 @@ class PodFrontDoor:
         if pools == self.routed:
             return
         try:
-            main = write_checked_front_door(self.folder / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary)
+            main = write_checked_front_door(
+                self.folder / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary
+            )
         except FrontDoorError as exc:
             known = {pool.name for pool in self.routed or ()}
             for pool in pools:

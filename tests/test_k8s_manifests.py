@@ -352,7 +352,8 @@ def check_grace(docs: Docs) -> list[str]:
         )
         if live_budget <= timeout:
             problems.append(
-                f"{c['name']}: liveness budget {live_budget}s <= server.timeout {timeout}s: kubelet kills before gunicorn"
+                f"{c['name']}: liveness budget {live_budget}s <= server.timeout {timeout}s: "
+                "kubelet kills before gunicorn"
             )
         start = c.get("startupProbe", {})
         if start.get("periodSeconds", 10) * start.get("failureThreshold", 3) < 20:
@@ -702,7 +703,9 @@ def check_zoo_pod(docs: Docs) -> list[str]:
         problems += [f"{c['name']}: {p}" for p in _load_problems(text, env, pool=name)]
         address = zoo_models(docs)[name].get("bind") or pool_socket(Path(host_dir), name)
         if env.get("ONNXPOOL_SERVER__BIND") != address:
-            problems.append(f"{c['name']}: binds {env.get('ONNXPOOL_SERVER__BIND')}, the front door routes it to {address}")
+            problems.append(
+                f"{c['name']}: binds {env.get('ONNXPOOL_SERVER__BIND')}, the front door routes it to {address}"
+            )
         pidfile = str(Path(host_dir) / "nginx" / "nginx.pid")
         if env.get("ONNXPOOL_NGINX__PIDFILE") != pidfile:
             problems.append(f"{c['name']}: nginx.pidfile is not {pidfile}: gunicorn would stop before nginx finished")
@@ -716,14 +719,20 @@ def check_zoo_pod(docs: Docs) -> list[str]:
     if http is None:
         problems.append("the front door has no container port named http")
     elif bind.startswith("unix:") or not port.isdigit() or int(port) != http or host in ("127.0.0.1", "localhost"):
-        problems.append(f"server.bind {bind} (the front door) is not the container port http ({http}) on the pod's network")
+        problems.append(
+            f"server.bind {bind} (the front door) is not the container port http ({http}) on the pod's network"
+        )
     for svc in objects(docs, "Service"):
         for sp in svc["spec"].get("ports", []):
             if sp.get("targetPort", sp["port"]) not in ("http", http):
-                problems.append(f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http")
+                problems.append(
+                    f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http"
+                )
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) != http:
-        problems.append(f"prometheus.io/port {annotations['prometheus.io/port']} is not port http (the host's /metrics)")
+        problems.append(
+            f"prometheus.io/port {annotations['prometheus.io/port']} is not port http (the host's /metrics)"
+        )
     return problems
 
 
@@ -755,7 +764,9 @@ def _load_problems(text: str, env: dict[str, str], pool: str | None) -> list[str
 
 def zoo_ceiling(docs: Docs) -> float:
     """What the zoo plans for in all: the budgets in its file + nginx's share (the base's)."""
-    budgets = [float(b) for b in (e.get("cpus", "auto") for e in zoo_models(docs).values()) if isinstance(b, int | float)]
+    budgets = [
+        float(b) for b in (e.get("cpus", "auto") for e in zoo_models(docs).values()) if isinstance(b, int | float)
+    ]
     return sum(budgets) + cpu_quantity(base_nginx()["resources"]["requests"]["cpu"])
 
 
@@ -771,7 +782,9 @@ def check_zoo_resources(docs: Docs) -> list[str]:
     if annotations.get("onnxpool.io/cpu-layout") != "unpinned" or ceiling == int(ceiling):
         problems.append(f"the zoo's cpu {ceiling:g}: each model's limit is a fractional quota, unpinned (annotated so)")
     if annotations.get("onnxpool.io/workers") != str(workers):
-        problems.append(f"onnxpool.io/workers {annotations.get('onnxpool.io/workers')} but limits.cpu gives {workers} per model")
+        problems.append(
+            f"onnxpool.io/workers {annotations.get('onnxpool.io/workers')} but limits.cpu gives {workers} per model"
+        )
     numbers = {n: float(e["cpus"]) for n, e in entries.items() if isinstance(e.get("cpus", "auto"), int | float)}
     if sum(numbers.values()) > workers + 1e-9:
         problems.append(f"the budgets sum to {sum(numbers.values()):g} > floor(limits.cpu) = {workers} usable cores")
@@ -792,7 +805,9 @@ def check_zoo_resources(docs: Docs) -> list[str]:
             problems.append(f"model {name}: cpus = {entries.get(name, {}).get('cpus', 'auto')!r}: its container's "
                             "cpu request needs its budget as a number")  # fmt: skip
         elif round(cpu_quantity(req["cpu"]) * 1000) != round(numbers[name] * 1000):
-            problems.append(f"{c['name']}: requests.cpu {req['cpu']} is not its budget in {config_path(docs)} ({numbers[name]:g})")
+            problems.append(
+                f"{c['name']}: requests.cpu {req['cpu']} is not its budget in {config_path(docs)} ({numbers[name]:g})"
+            )
         if round(cpu_quantity(lim["cpu"]) * 1000) != round(ceiling * 1000):
             problems.append(
                 f"{c['name']}: limits.cpu {lim['cpu']} is not the zoo's {ceiling:g} (its budgets + nginx's share): "
@@ -800,7 +815,9 @@ def check_zoo_resources(docs: Docs) -> list[str]:
             )
         need = MASTER_MEMORY + workers * WORKER_MEMORY
         if bytes_quantity(lim["memory"]) < need:
-            problems.append(f"{c['name']}: limits.memory {lim['memory']} < a master and {workers} workers = {need >> 20}Mi")
+            problems.append(
+                f"{c['name']}: limits.memory {lim['memory']} < a master and {workers} workers = {need >> 20}Mi"
+            )
     for name, need in ((ROUTES, ROUTES_MEMORY), (PROXY, FRONT_DOOR_MEMORY)):
         lim = container(dep, name).get("resources", {}).get("limits", {})
         if "memory" in lim and bytes_quantity(lim["memory"]) < need:
@@ -842,7 +859,7 @@ def check_zoo_probes(docs: Docs) -> list[str]:
             problems.append(f"{PROXY} {probe}: not an httpGet probe through the front door (port http)")
         elif get.get("path") != path or path not in answered:
             problems.append(f"{PROXY} {probe} path {get.get('path')!r}, expected {path}")
-    for name, c in model_containers(docs).items():
+    for c in model_containers(docs).values():
         bind = env_of(c).get("ONNXPOOL_SERVER__BIND", "")
         for probe, path in (("startupProbe", HEALTH_READY), ("livenessProbe", HEALTH_LIVE)):
             if probe_command(c, probe)[-3:] != [PROBE_MODULE, bind, path] or path not in served:

@@ -202,7 +202,9 @@ def test_a_models_container_killed_is_its_own_trouble(pod: Pod) -> None:
             return seen[-1] == "UNAVAILABLE"
 
         pod.wait("tiny UNAVAILABLE once its container died", unavailable, timeout=10)
-        reason = next(m for m in requests.get(pod.url + "/v2/models", timeout=5).json()["models"] if m["name"] == "tiny")
+        reason = next(
+            m for m in requests.get(pod.url + "/v2/models", timeout=5).json()["models"] if m["name"] == "tiny"
+        )
         assert "kubelet restarts" in str(reason.get("reason")), reason
         before = loop.stats.ok
         pod.start("model-tiny")  # the kubelet's restart

@@ -31,6 +31,12 @@ CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_
    `podman pod stop` (SIGTERM to both containers at once) during a ~4 s
    inference and a closed loop of requests loses none, and both exit 0 within
    terminationGracePeriodSeconds.
+6. The zoo overlay as a podman pod: a container per model (each with its cpu
+   request as its cgroup weight, read from /proc and /sys), the host's routes, the
+   front door; a cat and a setosa through it; kill -9 of iris's container (its
+   pid 1) during a loop on efficientnet-lite0, `podman start` as the kubelet's
+   restart: the loop loses nothing, iris is READY again; every container stops
+   with exit 0 at once.
 
 Known snags of this host handled here: podman's default crun refuses the
 hybrid cgroup setup, so runc is used (`podman --runtime runc`); runc cannot
@@ -42,11 +48,13 @@ Exit status 0 only if every check passed; the last line is "N passed, N failed".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -187,6 +195,11 @@ def size_bytes(q: str) -> int:
     return int(q)
 
 
+def cpu_shares(q: str) -> int:
+    millicores = int(q[:-1]) if q.endswith("m") else round(float(q) * 1000)
+    return max(2, millicores * 1024 // 1000)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -212,6 +225,10 @@ def container_args(
     limits = c.get("resources", {}).get("limits", {})
     if "cpu" in limits:
         args += ["--cpus", cpus(str(limits["cpu"]))]
+    requests = c.get("resources", {}).get("requests", {})
+    if "cpu" in requests:
+        # The kubelet's cgroup weight for a cpu request: shares = millicores x 1024 / 1000.
+        args += ["--cpu-shares", str(cpu_shares(str(requests["cpu"])))]
     if "memory" in limits:
         args += ["--memory", memory(str(limits["memory"]))]
     pod_volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -639,12 +656,133 @@ def drain_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
         remove_pod(running)
 
 
+# --- the zoo pod: one container per model, the kubelet's restarts played by `podman start` ----------
+
+
+def container_pid(cid: str) -> int:
+    return int(run([*PODMAN, "inspect", "-f", "{{.State.Pid}}", cid], capture_output=True).stdout.strip() or 0)
+
+
+def cgroup_cpu_weight(pid: int) -> str:
+    """The cpu weight the kernel applies to process `pid`'s cgroup, read from /proc and /sys (v1 cpu.shares,
+    v2 cpu.weight)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return "?"
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and controllers:
+            folder = Path("/sys/fs/cgroup") / controllers.replace("cpuacct,cpu", "cpu,cpuacct") / path.lstrip("/")
+            for name in ("cpu.shares",):
+                with contextlib.suppress(OSError):
+                    return f"cpu.shares {(folder / name).read_text().strip()}"
+        if controllers == "":
+            with contextlib.suppress(OSError):
+                return f"cpu.weight {(Path('/sys/fs/cgroup') / path.lstrip('/') / 'cpu.weight').read_text().strip()}"
+    return "?"
+
+
+def zoo_states(running: Running) -> dict[str, str]:
+    status, body = http("GET", running.base + "/v2/models", timeout=5)
+    if status != 200:
+        return {}
+    return {m["name"]: m.get("state", "") for m in json.loads(body).get("models", [])}
+
+
+def serve_like_zoo(tag: str) -> None:
+    """The zoo overlay as a podman pod: a container per model with its cpu request as its cgroup weight,
+    the routes, the front door; kill -9 of one model's container during a loop on another loses nothing."""
+    dep, docs = rendered_pod("zoo")
+    spec = dep["spec"]["template"]["spec"]
+    models = {c["name"]: c for c in spec["containers"] if c["name"].startswith("model-")}
+    startup = max(c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] for c in models.values())
+    pod = Pod(dep=dep, docs=docs, budget=startup, grace=float(spec["terminationGracePeriodSeconds"]), layout="unpinned")
+    with tempfile.TemporaryDirectory(prefix="onnxpool-ci-zoo-") as tmp:
+        workdir = Path(tmp)
+        os.chmod(workdir, 0o755)
+        running = start_pod(pod, tag, workdir)
+        if running is None:
+            return
+        try:
+            _zoo_checks(pod, running, models)
+        finally:
+            remove_pod(running)
+
+
+def _zoo_checks(pod: Pod, running: Running, models: dict[str, dict[str, Any]]) -> None:
+    ready = running.ready_after
+    if not record("zoo: ready through the front door within the startup budget", ready > 0,
+                  f"{ready:.1f} s of {pod.budget:g} s; states {zoo_states(running)}"):  # fmt: skip
+        dump_logs(running)
+        return
+    weights = {}
+    for name, c in models.items():
+        shares = cpu_shares(str(c["resources"]["requests"]["cpu"]))
+        # cgroup v2: runc's conversion of shares to cpu.weight.
+        want = {f"cpu.shares {shares}", f"cpu.weight {1 + ((shares - 2) * 9999) // 262142}"}
+        weights[name] = (shares, cgroup_cpu_weight(container_pid(running.cids[name])), want)
+    record("zoo: each model's container has its cpu request as its cgroup weight",
+           all(got in want for _, got, want in weights.values()),
+           "; ".join(f"{n}: request -> {w}, kernel: {g}" for n, (w, g, _) in weights.items()))  # fmt: skip
+    payload, ctype = multipart("image", CAT)
+    status, body = http("POST", running.base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
+    iris = json.dumps({"instances": [[5.1, 3.5, 1.4, 0.2]]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    iris_status, iris_body = http("POST", running.base + "/v1/models/iris:predict", iris, json_type, timeout=10)
+    record("zoo: a cat (efficientnet-lite0) and a setosa (iris) through the front door",
+           status == 200 and b"cat" in body.lower() and iris_status == 200 and b"setosa" in iris_body.lower(),
+           f"/predict HTTP {status}, iris HTTP {iris_status} {iris_body[:80]!r}")  # fmt: skip
+    request: pod_load.Request = ("POST", "/predict", payload, {"Content-Type": ctype, "Cache-Control": "no-store"})
+    stop = threading.Event()
+    loop: list[pod_load.Outcome] = []
+    looping = threading.Thread(
+        target=lambda: loop.extend(pod_load.closed_loop("127.0.0.1", running.port, request, 2, 120.0, stop)),
+        daemon=True,
+    )
+    looping.start()
+    time.sleep(2.0)
+    victim = running.cids["model-iris"]
+    os.kill(container_pid(victim), signal.SIGKILL)  # the container's pid 1: the container dies with it
+    seen: list[str] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20 and (not seen or seen[-1] == "READY"):
+        seen.append(zoo_states(running).get("iris", "?"))
+        time.sleep(0.1)
+    restarted = run([*PODMAN, "start", victim], capture_output=True)  # the kubelet's restart
+    back = False
+    while time.monotonic() - t0 < 120 and not back:
+        state = zoo_states(running).get("iris", "?")
+        if state != seen[-1]:
+            seen.append(state)
+        back = state == "READY" and http("POST", running.base + "/v1/models/iris:predict", iris, json_type)[0] == 200
+        time.sleep(0.2)
+    time.sleep(2.0)  # the loop goes on after the restart too
+    stop.set()
+    looping.join(60)
+    failed = [o for o in loop if o.status != 200]
+    record("zoo: kill -9 of iris's container during a loop on efficientnet-lite0: 0 failed, iris back",
+           bool(loop) and not failed and back and restarted.returncode == 0,
+           f"loop {len(loop) - len(failed)} / {len(loop)} answered, {len(failed)} failed "
+           f"{[o.status for o in failed][:5]}; iris {' -> '.join(seen)}")  # fmt: skip
+    t1 = time.monotonic()
+    stopped = run([*PODMAN, "stop", "-t", str(int(pod.grace)), *running.cids.values()], capture_output=True)
+    took = time.monotonic() - t1
+    codes = {n: run([*PODMAN, "inspect", "-f", "{{.State.ExitCode}}", cid], capture_output=True).stdout.strip()
+             for n, cid in running.cids.items()}  # fmt: skip
+    ok = stopped.returncode == 0 and set(codes.values()) == {"0"} and took < pod.grace
+    record("zoo: clean stop (every container at once)", ok, f"exit codes {codes} after {took:.1f} s")
+    if not all(good for name, good, _ in results if name.startswith("zoo")):
+        dump_logs(running)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--overlay", default="shared", help="deploy/k8s/overlays/NAME to run the image like")
     parser.add_argument("--tag", default="localhost/onnxpool:ci")
     parser.add_argument("--until", choices=["base", "build", "run"], default="run")
     parser.add_argument("--rebuild-base", action="store_true", help="make the base rootfs again")
+    parser.add_argument("--zoo-only", action="store_true", help="after the build, run only the zoo pod")
     opts = parser.parse_args()
     missing = [tool for tool in ("podman", "runc", "mmdebstrap") if not shutil.which(tool)]
     if missing:
@@ -663,7 +801,9 @@ def main() -> int:
         logfile = Path(tempfile.gettempdir()) / "onnxpool-ci-image-build.log"
         ok = build(opts.tag, logfile)
         if ok and opts.until == "run":
-            run_like_pod(opts.tag, opts.overlay)
+            if not opts.zoo_only:
+                run_like_pod(opts.tag, opts.overlay)
+            serve_like_zoo(opts.tag)
     passed = sum(1 for _, good, _ in results if good)
     failed = len(results) - passed
     log(f"total {time.monotonic() - t0:.1f} s")
