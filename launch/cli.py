@@ -1,4 +1,4 @@
-"""The `onnxpool` command: serve, config, nginx-config, nginx, and the measuring tools bench, limit, tune.
+"""The `onnxpool` command: serve, config, nginx-config, nginx, routes, and the tools bench, limit, tune, quantize.
 
 The entry point sits above every layer (docs/ARCHITECTURE.md): it may import any of them.
 """

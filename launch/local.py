@@ -131,6 +131,8 @@ class LocalRequest:
     content_type: str = "application/json"
     route: str = "/predict"
     query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Request headers as a task reads them (`RequestParts.headers`); names as given."""
 
     @property
     def mimetype(self) -> str:

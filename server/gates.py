@@ -54,6 +54,6 @@ def body_size(limit: int) -> Gate:
     def check_body_size(req: Request) -> None:
         length = req.content_length
         if length is not None and length > limit:
-            raise PayloadTooLarge(f"request body is {length} bytes; the limit is {limit}")
+            raise PayloadTooLarge(f"request body is {length} bytes; the limit is {limit} ([server] max_body_bytes)")
 
     return check_body_size

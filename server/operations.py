@@ -36,7 +36,8 @@ from onnxpool.server.v2codec import (
 )
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import JsonDocument, Task
-from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.errors import OnnxpoolError, UnsupportedMediaType
+from onnxpool.tasks.media_types import accepted_by
 from onnxpool.workers.model_info import ModelInfo
 
 AnyTask = Task[Any, Any, Any]
@@ -76,8 +77,12 @@ class TaskOperation:
         self.task = task
         self.namespace = task.name
         self._cached = task.caches_replies()
+        self._content_types = task.content_types
 
     def read(self, parts: HttpRequestParts) -> Any:
+        # `content_types` is the task's contract: what it does not declare never reaches its `read`.
+        if not accepted_by(parts.mimetype, self._content_types):
+            raise UnsupportedMediaType(self.task.not_accepted(parts))
         return self.task.read(parts)
 
     def key(self, read: Any) -> KeyPayload | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from werkzeug.datastructures import MultiDict
+from werkzeug.datastructures import Headers, MultiDict
 from werkzeug.wrappers import Request
 
 from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
@@ -35,6 +35,34 @@ class _FirstValues(Mapping[str, str]):
         return len(self._args)
 
 
+class _Headers(Mapping[str, str]):
+    """werkzeug's request headers as a read-only mapping (names case-insensitive; werkzeug's own
+    iterates (name, value) pairs, which a Mapping must not)."""
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: Headers) -> None:
+        self._headers = headers
+
+    def __getitem__(self, name: str) -> str:
+        value = self._headers.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._headers.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._headers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers.keys())
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+
 class HttpRequestParts:
     """`RequestParts` of one werkzeug request: its route, content type, query, and its body read once."""
 
@@ -58,6 +86,10 @@ class HttpRequestParts:
     @property
     def query(self) -> Mapping[str, str]:
         return _FirstValues(self._request.args)
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return _Headers(self._request.headers)
 
     def header(self, name: str) -> str | None:
         """A request header (for the server's own operations, such as v2 infer's binary header length)."""
@@ -89,5 +121,5 @@ def read_body(req: Request, limit: int) -> bytes:
     else:
         data = req.get_data(cache=False)
         if len(data) > limit:
-            raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
+            raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes ([server] max_body_bytes)")
     return data

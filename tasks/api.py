@@ -43,7 +43,9 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import LimitsSettings
+from onnxpool.tasks.describe import default_operation
 from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.media_types import not_accepted
 from onnxpool.workers.model_info import ModelInfo
 
 BytesLike = bytes | bytearray | memoryview
@@ -129,8 +131,12 @@ class RequestParts(Protocol):
     def query(self) -> Mapping[str, str]:
         """Query parameters (the first value of a repeated name)."""
 
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The request's headers, read-only, names case-insensitive (`headers.get("X-Tenant")`)."""
+
     def body(self) -> bytes:
-        """The body, read on first call (413 past `[server] max_body_bytes`)."""
+        """The body, read on first call (413 past `[server] max_body_bytes`, naming that setting)."""
 
 
 class Runner(Protocol):
@@ -164,7 +170,9 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
     routes: ClassVar[tuple[str, ...]] = ("/predict",)
     """POST routes that run this task (werkzeug rules; `<model>` must name the served model)."""
     content_types: ClassVar[tuple[str, ...]] = ("application/json",)
-    """Media types `read` accepts (documentation and OpenAPI; `read` enforces them)."""
+    """Media types `read` takes (`image/*` a wildcard): the server answers any other Content-Type with a
+    415 before `read` (`not_accepted`), and the default `openapi` describes them. Where JSON is taken,
+    so is a request without a Content-Type or with `curl -d`'s form type (the body must parse)."""
 
     model: ModelInfo
     """The model's inputs and outputs (and onnxpool.* metadata), set before `bind` is called."""
@@ -192,6 +200,10 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
 
     def start_in_worker(self, cores: int) -> None:
         """Worker, after fork, before traffic: make what must not cross fork (thread pools), sized to `cores`."""
+
+    def finish(self) -> None:
+        """Worker, when it stops (graceful exit, HUP replacement): release what start_in_worker made; errors are
+        logged, never raised."""
 
     @abstractmethod
     def read(self, request: RequestParts) -> InputsT:
@@ -255,6 +267,11 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         """v2 infer with a `tensor_signature`: `run`'s result as the signature's outputs."""
         raise NotImplementedError(f"task {self.name} has a tensor signature but no to_tensors")
 
+    def not_accepted(self, request: RequestParts) -> str:
+        """The message of the 415 the server answers, before `read`, to a request whose Content-Type
+        is none of `content_types` (by default it names them)."""
+        return not_accepted(request.mimetype, request.route, self.content_types)
+
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         """The body of an error reply on this task's routes (status and headers are the error's).
 
@@ -265,15 +282,9 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         return {"error": error.message}
 
     def openapi(self, route: str) -> dict[str, Any]:
-        """The OpenAPI operation of `route` (summary, requestBody, responses); a default by default."""
-        return {
-            "summary": f"Run the {self.name} task",
-            "requestBody": {
-                "required": True,
-                "content": {media: {"schema": {}} for media in self.content_types},
-            },
-            "responses": {"200": {"description": "the task's reply", "content": {"application/json": {"schema": {}}}}},
-        }
+        """The OpenAPI operation of `route` (summary, requestBody, responses): by default a body of each
+        of `content_types`; `onnxpool.tasks.describe.describe` writes the common shapes in a line or two."""
+        return default_operation(self.name, self.content_types)
 
     @classmethod
     def caches_replies(cls) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import RequestParts
+from onnxpool.tasks.describe import describe
 from onnxpool.tasks.errors import UnsupportedMediaType
 
 
@@ -30,9 +31,4 @@ def json_operation(
     """An OpenAPI operation fragment (`Task.openapi`) with a JSON body and a JSON 200 reply.
 
     `example`: a request body that works, shown and filled in by /docs' try-it-out."""
-    body: dict[str, Any] = {"schema": request_schema} | ({} if example is None else {"example": example})
-    return {
-        "summary": summary,
-        "requestBody": {"required": True, "content": {"application/json": body}},
-        "responses": {"200": {"description": reply, "content": {"application/json": {"schema": reply_schema}}}},
-    }
+    return describe(summary, json=request_schema, example=example, reply=reply_schema, reply_description=reply)

@@ -21,14 +21,15 @@ import numpy as np
 from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, ServedModel, Task, TaskConfigError
 from onnxpool.tasks.classes import load_labels, scores
-from onnxpool.tasks.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from onnxpool.tasks.image.formdata import parse_form
+from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 from onnxpool.tasks.image.imaging import ImagePipeline
 from onnxpool.tasks.image.postprocess import top_k
 from onnxpool.tasks.image.settings import ImageClassificationSettings
+from onnxpool.tasks.uploads import FileField, not_accepted, read_uploads
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 IMAGE_FIELD = "image"
+IMAGE_TYPES = ("image/*",)
 
 
 @dataclass(frozen=True)
@@ -40,32 +41,23 @@ class ImageUploads:
     fields: dict[str, str]
 
 
+def image_field(limits: LimitsSettings) -> FileField:
+    """The field `image`: at most `[limits] max_images` files, of any image type."""
+    return FileField(IMAGE_FIELD, media_types=IMAGE_TYPES, max_files=limits.max_images, noun="images")
+
+
 def read_images(request: RequestParts, limits: LimitsSettings) -> ImageUploads:
     """The uploaded images: multipart files in field `image`, or a raw `image/*` body (4xx otherwise).
 
     At most `[limits] max_images` files and `max_batch` images; each image's bytes are checked
     when `ImagePipeline` decodes them.
     """
-    mimetype = request.mimetype
-    if mimetype == "multipart/form-data":
-        form = parse_form(request.body(), request.content_type, IMAGE_FIELD, limits.max_images)
-        if not form.uploads:
-            # part names come from the client: any text (or none at all), so shown bounded
-            sent = sorted({repr(name)[:40] for name in form.names})
-            fields = ", ".join(sent[:10]) + (", ..." if len(sent) > 10 else "") or "none"
-            raise BadRequest(f"multipart body has no file in field '{IMAGE_FIELD}' (fields sent: {fields})")
-        names = [f'image[{i}] "{filename or "unnamed"}"' for i, (filename, _) in enumerate(form.uploads)]
-        uploads = ImageUploads([content for _, content in form.uploads], names, form.fields)
-    elif mimetype.startswith("image/"):
-        uploads = ImageUploads([request.body()], [f"request body ({mimetype})"], {})
-    else:
-        raise UnsupportedMediaType(
-            f"Content-Type {mimetype or 'missing'} is not accepted: send multipart/form-data with the file(s) "
-            f"in field '{IMAGE_FIELD}', or the raw image with an image/* Content-Type"
-        )
-    if len(uploads.images) > limits.max_batch:
-        raise PayloadTooLarge(f"{len(uploads.images)} images in one request; max_batch is {limits.max_batch}")
-    return uploads
+    field = image_field(limits)
+    uploads = read_uploads(request, field)
+    files = uploads.of(field)
+    if len(files) > limits.max_batch:
+        raise PayloadTooLarge(f"{len(files)} images in one request; max_batch is {limits.max_batch}")
+    return ImageUploads([upload.data for upload in files], [upload.name for upload in files], uploads.fields)
 
 
 LABELS_BESIDE_MODEL = "labels.txt"
@@ -95,7 +87,7 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
     name = "image-classification"
     settings_model = ImageClassificationSettings
     routes = ("/predict", "/v2/models/<model>/classify")
-    content_types = ("multipart/form-data", "image/*")
+    content_types = ("multipart/form-data", *IMAGE_TYPES)
 
     def __init__(self, settings: ImageClassificationSettings, served: ServedModel) -> None:
         super().__init__(settings, served)
@@ -152,6 +144,9 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
         k = min(inputs.top_k, int(output.shape[-1]) if output.ndim else 1)
         predictions = top_k(scores(output, self.settings.postprocess), k, self.labels)
         return {"model": self.served.name, "predictions": predictions}
+
+    def not_accepted(self, request: RequestParts) -> str:
+        return not_accepted(request.mimetype, [image_field(self.served.limits)])
 
     def openapi(self, route: str) -> dict[str, Any]:
         binary = {"type": "string", "format": "binary"}
