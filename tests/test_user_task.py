@@ -1,12 +1,13 @@
 """A user's task from a file outside the package, served through real gunicorn: the complete examples
-of docs/TASKS.md (the scorer and the detector), taken from the page itself (code, settings, labels and
-the replies it promises)."""
+of docs/TASKS.md (the scorer, the detector and the CSV scorer), taken from the page itself (code,
+settings, labels and the replies it promises)."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,46 @@ def test_the_detector_runs_in_process_as_the_page_shows(tmp_path: Path, monkeypa
     assert scope["reply"]["photos"][0]["detections"][0]["label"] == page["photos"][0]["detections"][0]["label"]
     assert _same_boxes(scope["reply"]["photos"][0]["detections"], page["photos"][0]["detections"], tol=0.2)
     assert type(scope["result"]).__name__ == "Detections" and scope["result"].sizes == [(451, 300)]
+
+
+def _csv_example(folder: Path) -> tuple[Path, str]:
+    """csv_scorer.py and csv_scorer.toml from the page, beside the iris demo's model and labels; the shell block."""
+    (folder / "csv_scorer.py").write_text(_block("python", '"""csv_scorer.py'))
+    (folder / "csv_scorer.toml").write_text(_block("toml", "# csv_scorer.toml"))
+    for name in ("model.onnx", "labels.txt"):
+        shutil.copy(REPO / "models" / "iris" / name, folder / name)
+    return folder / "csv_scorer.toml", _block("sh", "onnxpool serve --config csv_scorer.toml")
+
+
+def test_the_documented_csv_scorer_takes_an_upload_and_a_raw_body(tmp_path: Path) -> None:
+    config, shell = _csv_example(tmp_path)
+    printed = re.search(r"^printf '(.*?)' > rows\.csv$", shell, re.M)
+    promised = re.findall(r"^# (\{.*\})$", shell, re.M)
+    assert printed is not None and len(promised) == 2
+    rows = printed.group(1).encode().decode("unicode_escape").encode()
+    replied, refused = (json.loads(text) for text in promised)
+    with running_server(tmp_path, {"ONNXPOOL_CACHE__ENABLED": "false"}, config=config) as server:
+        url = server.url + "/score-csv"
+        uploaded = requests.post(url, files={"table": ("rows.csv", rows, "text/csv")}, timeout=30)  # curl -F
+        raw = requests.post(url, data=rows, headers={"Content-Type": "text/csv"}, timeout=30)  # --data-binary
+        assert (uploaded.status_code, uploaded.json()) == (200, replied), uploaded.text
+        assert (raw.status_code, raw.json()) == (200, replied), raw.text
+        form = requests.post(url, data={"rows": "[]"}, timeout=30)  # curl -d's form type
+        assert (form.status_code, form.json()) == (415, refused)
+        # What a client gets wrong, each a 4xx naming it.
+        wrong_part = requests.post(url, files={"table": ("t.png", b"\x89PNG", "image/png")}, timeout=30)
+        assert wrong_part.status_code == 415 and "field 'table' takes text/csv or text/plain" in wrong_part.text
+        wrong_field = requests.post(url, files={"tabel": ("rows.csv", rows, "text/csv")}, timeout=30)
+        assert wrong_field.status_code == 400 and "no file in field 'table' (fields sent: 'tabel')" in wrong_field.text
+        no_column = requests.post(url, data=b"a,b\n1,2\n", headers={"Content-Type": "text/csv"}, timeout=30)
+        assert no_column.status_code == 400 and "KeyError('sepal_length')" in no_column.text
+        operation = requests.get(server.url + "/openapi.json", timeout=30).json()["paths"]["/score-csv"]["post"]
+        content = operation["requestBody"]["content"]
+        assert set(content) == {"multipart/form-data", "text/csv", "text/plain"}
+        assert content["multipart/form-data"]["schema"]["required"] == ["table"]
+
+
+def test_the_csv_scorers_task_class_is_under_50_lines() -> None:
+    code = _block("python", '"""csv_scorer.py')
+    body = code[code.index("class CsvScorer") :]
+    assert len(body.strip().splitlines()) < 50
