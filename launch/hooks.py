@@ -25,6 +25,8 @@ happen where they do; docs/ARCHITECTURE.md):
   request read to its end, is closed without waiting for the client's FIN.
 - master, `child_exit`: the slot is freed for the replacement; the dead
   worker's live metric gauges are dropped and the restart is counted.
+- worker, `worker_exit` (a graceful exit: TERM, a HUP's replacement, max_requests):
+  the task's `finish` releases what its `start_in_worker` made; an error is logged.
 
 Import order matters once: prometheus_client chooses its multiprocess storage
 when it is first imported, from $PROMETHEUS_MULTIPROC_DIR, which the master
@@ -115,6 +117,8 @@ class GenerationApp:
 
 WSGI_APP = GenerationApp()
 _serving: Serving | None = None
+_opened: Flask | None = None
+"""Worker: the app whose task `start_in_worker` has run here (its `finish` runs in worker_exit)."""
 
 
 def configure() -> Serving:
@@ -357,8 +361,10 @@ def post_fork(server: Any, worker: Any) -> None:
     )
     from onnxpool.server.app import open_in_worker
 
+    global _opened
     # The task's thread pools and the response cache's connection: this worker's own, never the master's.
     open_in_worker(s.app, layout.share_size)
+    _opened = s.app
     wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
@@ -502,15 +508,21 @@ def _forget_worker(s: Serving, pid: int) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    # Runs in the worker too (its last call); only the master's bookkeeping
-    # matters. In the master it runs when gunicorn finds a worker already gone
-    # (ESRCH), where child_exit is skipped, so the slot must be freed here too.
-    # (Workers exit normally: the master never imports onnxruntime, so no
-    # thread of it was half-copied into them by fork; see workers/session.py.)
+    # Runs in the worker (its last call: a graceful exit, a HUP's replacement) and
+    # in the master when gunicorn finds a worker already gone (ESRCH), where
+    # child_exit is skipped, so the slot must be freed here too. In the worker the
+    # task releases what start_in_worker made (a worker killed by a signal it
+    # cannot catch never gets here). (Workers exit normally: the master never
+    # imports onnxruntime, so no thread of it was half-copied into them by fork;
+    # see workers/session.py.)
     s = _serving
     if s is not None and os.getpid() == s.pool.master_pid:
         s.pool.slots.release(worker.age)
         _forget_worker(s, worker.pid)
+    elif _opened is not None:
+        from onnxpool.server.app import close_in_worker  # loaded with the app already
+
+        close_in_worker(_opened)
 
 
 def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None:

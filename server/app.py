@@ -38,7 +38,9 @@ from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
 from onnxpool.server.v2codec import RequestLimits
 from onnxpool.tasks.api import Task
 from onnxpool.tasks.errors import OnnxpoolError
+from onnxpool.tasks.identity import task_identity
 from onnxpool.tasks.registry import build_task
+from onnxpool.tasks.server_routes import V2_INFER, V2_VERSION_INFER
 
 log = logging.getLogger("onnxpool.server")
 
@@ -117,7 +119,7 @@ def create_app(
             section,
             folder=cache.folder if cache is not None else None,
             model_digest=cache.model_digest if cache is not None else "",
-            fingerprint=settings_fingerprint(settings, task.fingerprint()),
+            fingerprint=settings_fingerprint(settings, task_identity(task)),
             record_metrics=settings.metrics.enabled,
             server_timing=settings.metrics.server_timing,
         ),
@@ -153,10 +155,8 @@ def operation_routes(ctx: ServerContext) -> dict[str, Route]:
     routes: dict[str, Route] = {}
     # The model's aliases name it in URLs too (those without a `/`: a Hugging Face id is for bodies).
     for name in (model.name, *(alias for alias in model.aliases if "/" not in alias)):
-        routes[f"/v2/models/{name}/infer"] = Route("/v2/models/<model>/infer", v2)
-        routes[f"/v2/models/{name}/versions/{model.version}/infer"] = Route(
-            "/v2/models/<model>/versions/<version>/infer", v2
-        )
+        routes[f"/v2/models/{name}/infer"] = Route(V2_INFER, v2)
+        routes[f"/v2/models/{name}/versions/{model.version}/infer"] = Route(V2_VERSION_INFER, v2)
         for rule in ctx.task.routes:
             routes.setdefault(rule.replace(routes_task.MODEL_PART, name), Route(rule, on_task))
     return routes
@@ -173,3 +173,13 @@ def open_in_worker(app: Flask, cores: int) -> None:
     ctx: ServerContext = app.extensions["onnxpool"]
     ctx.task.start_in_worker(cores)
     ctx.cache.open()
+
+
+def close_in_worker(app: Flask) -> None:
+    """In each worker as it exits (gunicorn worker_exit), if `open_in_worker` ran: the task's `finish`.
+    An error is one logged line: the worker is leaving anyway, and its exit must stay clean."""
+    task = task_of(app)
+    try:
+        task.finish()
+    except Exception as exc:  # a user's task may raise anything
+        log.error("task %s: finish() raised %s: %s", task.name, type(exc).__name__, exc)

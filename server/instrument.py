@@ -28,11 +28,11 @@ from werkzeug.wsgi import ClosingIterator
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
 from onnxpool.server.request_state import RequestState
+from onnxpool.tasks.server_routes import METRICS
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-METRICS_PATH = "/metrics"
 UNMATCHED = "<unmatched>"
 UNKNOWN_MODEL = "<unknown>"
 
@@ -51,7 +51,7 @@ class Instrumentation:
         rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
         state = RequestState.arriving(environ, timer, rid)
         request_id.set_current(rid)
-        pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS_PATH]
+        pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS]
         task = self.task
 
         def record(status: int, total: float) -> None:
@@ -125,7 +125,7 @@ def install(app: Flask, settings: Settings, task: str) -> None:
     enabled = settings.metrics.enabled
     app.after_request(_stash_labels(settings.model.name, settings.model.aliases))
     if enabled:
-        app.add_url_rule(METRICS_PATH, "metrics", _metrics_view, methods=["GET"])
+        app.add_url_rule(METRICS, "metrics", _metrics_view, methods=["GET"])
     app.wsgi_app = Instrumentation(  # type: ignore[method-assign]
         app.wsgi_app, task=task, record_metrics=enabled, server_timing=settings.metrics.server_timing
     )

@@ -18,6 +18,7 @@ from onnxpool.server.auth import AUTH_KEY
 from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import V2_TO_NUMPY
 from onnxpool.tasks.api import Task
+from onnxpool.tasks.server_routes import OPENAPI
 
 AnyTask = Task[Any, Any, Any]
 
@@ -521,7 +522,7 @@ def openapi_document(settings: Settings, task: AnyTask, auth: bool = False) -> d
     return document
 
 
-@blueprint.get("/openapi.json")
+@blueprint.get(OPENAPI)
 def openapi_json() -> Response:
     auth_on = AUTH_KEY in current_app.extensions
     ctx = context()

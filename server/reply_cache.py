@@ -31,7 +31,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from onnxpool import __version__
@@ -49,20 +49,21 @@ HEADER = "X-Cache"
 Payload = BytesLike | Sequence[BytesLike]
 
 
-def settings_fingerprint(settings: Settings, task_fingerprint: str) -> str:
+def settings_fingerprint(settings: Settings, task_identity: Mapping[str, str]) -> str:
     """A digest of everything besides the model file and the request that shapes a reply.
 
     The model section without its path (the file's digest stands for it) and warm-up count,
     the limits (a hit must not answer what a lower limit would now refuse), the `[task]`
-    table, what the task read at start (`Task.fingerprint`: its labels' text...) and the
-    onnxpool version (a release may change the reply format).
+    table, the task's code, the files its table names and what it read at start
+    (`onnxpool.tasks.identity.task_identity`) and the onnxpool version (a release may change
+    the reply format).
     """
     document = {
         "onnxpool": __version__,
         "model": settings.model.model_dump(mode="json", exclude={"path", "warmup_runs"}),
         "limits": settings.limits.model_dump(mode="json"),
         "task": settings.task,
-        "task_files": task_fingerprint,
+        "task_identity": dict(task_identity),
     }
     text = json.dumps(document, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from flask import Blueprint, Flask, Response, abort, redirect, send_from_directory
 
-PAGE_PATH = "/docs"
+from onnxpool.tasks.server_routes import DOCS, DOCS_FILE, DOCS_SLASH
+
 OWN_FILES = Path(__file__).resolve().parent / "swagger"
 # Swagger UI's files the page loads: served by name, nothing else from the package's folder.
 SWAGGER_UI_FILES = frozenset(
@@ -58,16 +59,16 @@ def make_blueprint() -> Blueprint:
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
-    @blueprint.get(PAGE_PATH)
+    @blueprint.get(DOCS)
     def docs_page() -> Response:
         return _secured(send_from_directory(OWN_FILES, "index.html", max_age=0))
 
-    @blueprint.get(PAGE_PATH + "/")
+    @blueprint.get(DOCS_SLASH)
     def docs_slash() -> Response:
         # The page's relative paths assume /docs; relative, so a proxy's prefix is kept.
         return redirect("../docs", 308)  # type: ignore[return-value]
 
-    @blueprint.get(PAGE_PATH + "/<name>")
+    @blueprint.get(DOCS_FILE)
     def docs_file(name: str) -> Response:
         if name == "onnxpool-docs.js":
             return _secured(send_from_directory(OWN_FILES, name, max_age=0))

@@ -14,6 +14,7 @@ from flask import Blueprint, Response, request
 
 from onnxpool.server.context import ServerContext, context, json_response
 from onnxpool.server.model_states import READY, UNAVAILABLE, ServedModel, model_list, repository_index
+from onnxpool.tasks import server_routes as paths
 
 blueprint = Blueprint("host", __name__)
 
@@ -23,17 +24,17 @@ def _models(ctx: ServerContext) -> list[ServedModel]:
     return [ServedModel(model.name, model.version, model.aliases, READY if ctx.backend.ready else UNAVAILABLE)]
 
 
-@blueprint.get("/v2/health/ready")
+@blueprint.get(paths.V2_READY)
 def ready() -> Response:
     is_ready = context().backend.ready
     return json_response({"ready": is_ready}, 200 if is_ready else 503)
 
 
-@blueprint.get("/v2/models")
+@blueprint.get(paths.V2_MODELS)
 def models() -> Response:
     return json_response(model_list(_models(context())))
 
 
-@blueprint.post("/v2/repository/index")
+@blueprint.post(paths.V2_REPOSITORY_INDEX)
 def repository_index_route() -> Response:
     return json_response(repository_index(_models(context()), request.get_data(cache=False)))

@@ -10,16 +10,17 @@ from flask import Blueprint, Response
 
 from onnxpool.server.context import context, json_response
 from onnxpool.server.served import check_model
+from onnxpool.tasks import server_routes as paths
 
 blueprint = Blueprint("v1", __name__)
 
 
-@blueprint.get("/v1/models")
+@blueprint.get(paths.V1_MODELS)
 def list_models() -> Response:
     return json_response({"models": [context().settings.model.name]})
 
 
-@blueprint.get("/v1/models/<model>")
+@blueprint.get(paths.V1_MODEL)
 def model_status(model: str) -> Response:
     ctx = context()
     check_model(ctx, model)

@@ -11,6 +11,7 @@ from onnxpool import __version__
 from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import v2_datatype
 from onnxpool.server.served import check_model, loaded_model
+from onnxpool.tasks import server_routes as paths
 from onnxpool.tasks.errors import NotFound
 from onnxpool.workers.cpu_fit import cpu_flags, describe
 from onnxpool.workers.model_info import TensorSpec
@@ -25,18 +26,18 @@ def _tensor_metadata(spec: TensorSpec) -> dict[str, object]:
     return {"name": spec.name, "datatype": v2_datatype(spec.dtype), "shape": list(spec.shape)}
 
 
-@blueprint.get("/v2")
+@blueprint.get(paths.V2_SERVER)
 def server_metadata() -> Response:
     return json_response({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
 
 
-@blueprint.get("/v2/health/live")
+@blueprint.get(paths.V2_LIVE)
 def live() -> Response:
     return json_response({"live": True})
 
 
-@blueprint.get("/v2/models/<model>")
-@blueprint.get("/v2/models/<model>/versions/<version>")
+@blueprint.get(paths.V2_MODEL)
+@blueprint.get(paths.V2_MODEL_VERSION)
 def model_metadata(model: str, version: str | None = None) -> Response:
     ctx = context()
     check_model(ctx, model, version)
@@ -56,16 +57,16 @@ def model_metadata(model: str, version: str | None = None) -> Response:
     )
 
 
-@blueprint.get("/v2/models/<model>/ready")
-@blueprint.get("/v2/models/<model>/versions/<version>/ready")
+@blueprint.get(paths.V2_MODEL_READY)
+@blueprint.get(paths.V2_MODEL_VERSION_READY)
 def model_ready(model: str, version: str | None = None) -> Response:
     check_model(context(), model, version)
     is_ready = context().backend.ready
     return json_response({"name": model, "ready": is_ready}, 200 if is_ready else 503)
 
 
-@blueprint.post("/v2/models/<model>/infer")
-@blueprint.post("/v2/models/<model>/versions/<version>/infer")
+@blueprint.post(paths.V2_INFER)
+@blueprint.post(paths.V2_VERSION_INFER)
 def infer(model: str, version: str | None = None) -> Response:
     """Only a URL naming another model (or version) reaches Flask: the data plane serves this model's."""
     ctx = context()

@@ -25,6 +25,8 @@ from pydantic import ValidationError
 
 from onnxpool.config.loader import LoadedSettings, describe_validation_error
 from onnxpool.tasks.api import PATH_BASE, ServedModel, Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.identity import remember_source
+from onnxpool.tasks.server_routes import server_route_taken
 from onnxpool.workers.model_info import ModelInfo
 
 log = logging.getLogger("onnxpool.tasks")
@@ -41,13 +43,14 @@ AUTO = "auto"
 """The default: image-classification for a model whose first input is an image batch (4-D), else tensors."""
 TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ROUTE = re.compile(r"^(/[A-Za-z0-9_.~:-]*|/<model>[A-Za-z0-9_.~:-]*)+$")
-SERVER_PATHS = ("/metrics", "/openapi.json", "/docs", "/v2", "/v2/health/live", "/v2/health/ready")
-"""The server's own paths: no task route may take them."""
 FIRST_API = (
     "it is written for the first task API: rename check(model) to bind(model), drop the model argument of "
     "feeds, run, output_names and tensor_signature (use self.model), read the [task] table as self.settings "
     "(was self.options) and the model's name and limits as self.served (docs/TASKS.md, 'From the first task API')"
 )
+FIRST_API_ARITY = {"feeds": 3, "run": 4, "output_names": 2, "tensor_signature": 2}
+"""Required positional parameters (self included) of the methods the first task API passed the model to:
+`feeds(inputs, model)`, `run(inputs, model, session)`, `output_names(model)`, `tensor_signature(model)`."""
 
 AnyTask = Task[Any, Any, Any]
 
@@ -96,8 +99,9 @@ def class_problem(cls: type[AnyTask]) -> str:
     for route in routes:
         if not ROUTE.match(route) or route.count("<") != route.count("<model>"):
             return f"route {route!r}: a path of letters, digits and '_ . ~ : -', with <model> as its only variable"
-        if route in SERVER_PATHS or route.startswith(("/v2/health", "/v2/repository")):
-            return f"route {route!r} is the server's own"
+        taken = server_route_taken(route)
+        if taken:
+            return f"route {route!r} is the server's own ({taken})"
     if len(set(routes)) != len(routes):
         return f"routes = {routes!r} repeat a path"
     if not isinstance(cls.content_types, tuple) or not all(isinstance(c, str) for c in cls.content_types):
@@ -111,23 +115,28 @@ def class_problem(cls: type[AnyTask]) -> str:
 
 
 def _written_for_first_api(cls: type[AnyTask]) -> bool:
-    """A class of the first task API: `check(model)`, `__init__(settings, options)`, or `model` passed to
-    the per-request methods."""
-    if "check" in {name for klass in cls.__mro__ if klass is not Task for name in vars(klass)}:
+    """A class of the first task API, told by what the second cannot call: `check(model)` in a class without
+    `bind`, `__init__(settings, options)`, or the model required by a per-request method. An optional extra
+    parameter, or a helper named `check` of another shape, is no sign."""
+    if cls.bind is Task.bind and _required_parameters(getattr(cls, "check", None))[1:] == ["model"]:
         return True
-    if cls.__init__ is not Task.__init__ and "options" in inspect.signature(cls.__init__).parameters:
+    if cls.__init__ is not Task.__init__ and "options" in _required_parameters(cls.__init__):
         return True
-    for method, first_api_arity in (("feeds", 3), ("run", 4), ("output_names", 2), ("tensor_signature", 2)):
-        function = getattr(cls, method)
-        if function is getattr(Task, method):
-            continue
-        try:
-            parameters = inspect.signature(function).parameters
-        except (TypeError, ValueError):
-            continue
-        if len(parameters) >= first_api_arity or "model" in parameters:
-            return True
-    return False
+    return any(
+        getattr(cls, method) is not getattr(Task, method) and len(_required_parameters(getattr(cls, method))) >= arity
+        for method, arity in FIRST_API_ARITY.items()
+    )
+
+
+def _required_parameters(function: object) -> list[str]:
+    """The positional parameters a call of `function` must pass (no default, not *args), in order; none
+    when it is not a function."""
+    try:
+        parameters = inspect.signature(function).parameters.values() if callable(function) else ()
+    except (TypeError, ValueError):  # a builtin without a signature: not the user's code
+        return []
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty]
 
 
 def _load_file(path: Path) -> Any:
@@ -138,13 +147,17 @@ def _load_file(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise TaskConfigError(f"model.task: {path} cannot be imported as a Python module")
+    source = path.read_bytes()  # read once: the code run is the code whose digest keys the replies
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # registered first: dataclasses and pickling look the module up by name
     try:
-        spec.loader.exec_module(module)
+        # Compiled from these bytes, not by the loader: its bytecode cache trusts the file's mtime and
+        # size, so an edit in the same second that keeps the size would run the old code after a HUP.
+        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
     except BaseException:
         del sys.modules[name]
         raise
+    remember_source(name, source)
     return module
 
 
