@@ -62,7 +62,7 @@ class FileField:
     """What its files are, for messages: "more than 4 images sent"."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Upload:
     """One file: its field, filename (None when the client sent none), media type and bytes."""
 
@@ -82,7 +82,7 @@ class Upload:
         return f'{self.field}[{self.index}] "{self.filename or "unnamed"}"'
 
 
-@dataclass
+@dataclass(slots=True)
 class Uploads:
     """The files of one request by field, its text fields, and every part name seen (for messages)."""
 
@@ -93,7 +93,7 @@ class Uploads:
 
     def of(self, file_field: FileField | str) -> list[Upload]:
         """The files of `file_field`, in the order sent ([] when none)."""
-        return self.files.get(file_field if isinstance(file_field, str) else file_field.name, [])
+        return self.files.get(file_field.name if isinstance(file_field, FileField) else file_field, [])
 
     def one(self, file_field: FileField | str) -> Upload:
         """The first file of `file_field` (a required field always has one)."""
@@ -116,7 +116,7 @@ def read_uploads(request: RequestParts, *file_fields: FileField) -> Uploads:
     if mimetype == "multipart/form-data":
         uploads = parse_form(request.body(), request.content_type, file_fields)
         for wanted in file_fields:
-            if wanted.required and not uploads.of(wanted):
+            if wanted.required and not uploads.files[wanted.name]:
                 raise BadRequest(f"multipart body has no file in field '{wanted.name}' (fields sent: {uploads.sent()})")
         return uploads
     for wanted in file_fields:
@@ -152,7 +152,8 @@ def parse_form(body: bytes, content_type: str, file_fields: Sequence[FileField])
     More files in a field than its `max_files` is a 413 (stopped as soon as one too many
     starts); a file of a type its field does not take is a 415; a malformed body is a 400."""
     wanted = {item.name: item for item in file_fields}
-    uploads = Uploads(files={name: [] for name in wanted})
+    files: dict[str, list[Upload]] = {name: [] for name in wanted}
+    uploads = Uploads(files, {}, [])
     parser = PushMultipartParser(
         boundary_of(content_type),
         content_length=len(body),
@@ -167,7 +168,11 @@ def parse_form(body: bytes, content_type: str, file_fields: Sequence[FileField])
             chunks: list[bytes] = []
             for event in parser.parse(body):
                 if event is None:  # end of a part
-                    _keep(uploads, part, name, filename, media, chunks)
+                    if part is not None:
+                        kept = files[part.name]
+                        kept.append(Upload(part.name, filename, media, b"".join(chunks), len(kept)))
+                    elif name and filename is None and name not in uploads.fields:
+                        uploads.fields[name] = b"".join(chunks).decode("utf-8", errors="replace")
                 elif isinstance(event, bytes):
                     if part is not None:
                         chunks.append(event)
@@ -182,7 +187,7 @@ def parse_form(body: bytes, content_type: str, file_fields: Sequence[FileField])
                     uploads.names.append(name or "")
                     part = wanted.get(name or "")
                     if part is not None:
-                        _check_part(uploads, part, filename, media)
+                        _check_part(files[part.name], part, filename, media)
     except ParserLimitReached as exc:
         raise PayloadTooLarge(f"multipart body exceeds a limit: {exc}") from None
     except MultipartError as exc:
@@ -190,20 +195,9 @@ def parse_form(body: bytes, content_type: str, file_fields: Sequence[FileField])
     return uploads
 
 
-def _check_part(uploads: Uploads, part: FileField, filename: str | None, media: str) -> None:
-    if len(uploads.of(part)) == part.max_files:
+def _check_part(kept: list[Upload], part: FileField, filename: str | None, media: str) -> None:
+    if len(kept) == part.max_files:
         raise PayloadTooLarge(f"more than {part.max_files} {part.noun} sent; the limit is {part.max_files} per request")
     if media not in UNKNOWN_TYPES and not media_type_matches(media, part.media_types):
-        shown = f'{part.name}[{len(uploads.of(part))}] "{filename or "unnamed"}"'
+        shown = f'{part.name}[{len(kept)}] "{filename or "unnamed"}"'
         raise UnsupportedMediaType(f"{shown} is {media}: field '{part.name}' takes {' or '.join(part.media_types)}")
-
-
-def _keep(
-    uploads: Uploads, part: FileField | None, name: str | None, filename: str | None, media: str, chunks: list[bytes]
-) -> None:
-    content = b"".join(chunks)
-    if part is not None:
-        files = uploads.files[part.name]
-        files.append(Upload(part.name, filename, media, content, index=len(files)))
-    elif name and filename is None and name not in uploads.fields:
-        uploads.fields[name] = content.decode("utf-8", errors="replace")

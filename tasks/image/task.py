@@ -11,6 +11,7 @@ docs/TASKS.md) reads them with it, and preprocesses them with `ImagePipeline`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,15 @@ class ImageUploads:
     fields: dict[str, str]
 
 
+@functools.cache
+def _image_field(max_images: int) -> FileField:
+    return FileField(IMAGE_FIELD, media_types=IMAGE_TYPES, max_files=max_images, noun="images")
+
+
 def image_field(limits: LimitsSettings) -> FileField:
-    """The field `image`: at most `[limits] max_images` files, of any image type."""
-    return FileField(IMAGE_FIELD, media_types=IMAGE_TYPES, max_files=limits.max_images, noun="images")
+    """The field `image`: at most `[limits] max_images` files, of any image type (made once per limit:
+    this is on every request's path, a cache hit's too)."""
+    return _image_field(limits.max_images)
 
 
 def read_images(request: RequestParts, limits: LimitsSettings) -> ImageUploads:
@@ -52,9 +59,8 @@ def read_images(request: RequestParts, limits: LimitsSettings) -> ImageUploads:
     At most `[limits] max_images` files and `max_batch` images; each image's bytes are checked
     when `ImagePipeline` decodes them.
     """
-    field = image_field(limits)
-    uploads = read_uploads(request, field)
-    files = uploads.of(field)
+    uploads = read_uploads(request, image_field(limits))
+    files = uploads.files[IMAGE_FIELD]
     if len(files) > limits.max_batch:
         raise PayloadTooLarge(f"{len(files)} images in one request; max_batch is {limits.max_batch}")
     return ImageUploads([upload.data for upload in files], [upload.name for upload in files], uploads.fields)
