@@ -68,6 +68,9 @@ class Operation(Protocol):
         """The body of an error reply to this kind of request."""
 
 
+VERDICTS_KEPT = 64
+
+
 class TaskOperation:
     """A route of the task: read -> canonical -> run -> reply (docs/TASKS.md)."""
 
@@ -78,10 +81,17 @@ class TaskOperation:
         self.namespace = task.name
         self._cached = task.caches_replies()
         self._content_types = task.content_types
+        self._verdicts: dict[str, bool] = {}
+        """Whether each media type seen is accepted (on every request's path, a cache hit's too)."""
 
     def read(self, parts: HttpRequestParts) -> Any:
         # `content_types` is the task's contract: what it does not declare never reaches its `read`.
-        if not accepted_by(parts.mimetype, self._content_types):
+        verdict = self._verdicts.get(parts.mimetype)
+        if verdict is None:
+            verdict = accepted_by(parts.mimetype, self._content_types)
+            if len(self._verdicts) < VERDICTS_KEPT:  # the types clients send: a few, but any text
+                self._verdicts[parts.mimetype] = verdict
+        if not verdict:
             raise UnsupportedMediaType(self.task.not_accepted(parts))
         return self.task.read(parts)
 

@@ -66,12 +66,13 @@ class _Headers(Mapping[str, str]):
 class HttpRequestParts:
     """`RequestParts` of one werkzeug request: its route, content type, query, and its body read once."""
 
-    __slots__ = ("_body", "_max_body", "_request", "route")
+    __slots__ = ("_body", "_max_body", "_mimetype", "_request", "route")
 
     def __init__(self, req: Request, route: str, max_body: int) -> None:
         self._request = req
         self._max_body = max_body
         self._body: bytes | None = None
+        self._mimetype: str | None = None
         self.route = route
 
     @property
@@ -80,8 +81,11 @@ class HttpRequestParts:
 
     @property
     def mimetype(self) -> str:
-        # What werkzeug's `mimetype` gives, without its full parse of the parameters.
-        return self.content_type.partition(";")[0].strip().lower()
+        # What werkzeug's `mimetype` gives, without its full parse of the parameters; asked twice per
+        # request (the server's content_types check, then the task), worked out once.
+        if self._mimetype is None:
+            self._mimetype = self.content_type.partition(";")[0].strip().lower()
+        return self._mimetype
 
     @property
     def query(self) -> Mapping[str, str]:
