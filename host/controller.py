@@ -79,9 +79,10 @@ from onnxpool.host.state import (
     NGINX_DIR,
     POOLS_DIR,
     HostModel,
+    description_stamp,
     pool_error_file,
+    pool_routes,
     pool_socket,
-    read_pool_description,
     read_pool_error,
     write_host,
 )
@@ -377,7 +378,7 @@ class Host:
                         changed |= self._set(model, READY, "")
                     else:
                         changed |= self._set(model, LOADING, "")
-                elif self._description_stamp(name) != model.described:
+                elif description_stamp(self.run.path, name) != model.described:
                     self._read_routes(model)  # a HUP replaced its task: nginx follows its routes
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
                 model.ready_pid = 0
@@ -390,15 +391,8 @@ class Host:
                 changed |= self._set(model, UNAVAILABLE, why)
         return changed
 
-    def _description_stamp(self, name: str) -> int:
-        with contextlib.suppress(OSError):
-            return (self.run.path / POOLS_DIR / f"{name}.json").stat().st_mtime_ns
-        return 0
-
     def _read_routes(self, model: Model) -> None:
-        model.described = self._description_stamp(model.name)
-        description = read_pool_description(self.run.path, model.name)
-        model.routes = description.routes if description is not None else ()
+        model.described, model.routes = pool_routes(self.run.path, model.name)
 
     def _set(self, model: Model, state: str, reason: str) -> bool:
         if (model.state, model.reason) == (state, reason):

@@ -49,9 +49,10 @@ from onnxpool.host.state import (
     NGINX_DIR,
     POOLS_DIR,
     HostModel,
+    description_stamp,
     pool_error_file,
+    pool_routes,
     pool_socket,
-    read_pool_description,
     read_pool_error,
     write_host,
 )
@@ -155,15 +156,8 @@ class PodFrontDoor:
         model.state, model.reason = state, reason
         return True
 
-    def _description_stamp(self, name: str) -> int:
-        with contextlib.suppress(OSError):
-            return (self.folder / POOLS_DIR / f"{name}.json").stat().st_mtime_ns
-        return 0
-
     def _read_routes(self, model: WatchedModel) -> None:
-        model.described = self._description_stamp(model.name)
-        description = read_pool_description(self.folder, model.name)
-        model.routes = description.routes if description is not None else ()
+        model.described, model.routes = pool_routes(self.folder, model.name)
 
     def poll(self) -> bool:
         """One look at every model; True when a state changed."""
@@ -172,7 +166,7 @@ class PodFrontDoor:
             if model.refused:
                 continue
             if model.state == READY and accepts(model.address):
-                if self._description_stamp(model.name) != model.described:
+                if description_stamp(self.folder, model.name) != model.described:
                     self._read_routes(model)  # a new description: nginx follows its routes
                 continue
             if model.state != READY and probe.probe(model.address, "/v2/health/ready", PROBE_SECONDS) is None:

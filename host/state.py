@@ -108,6 +108,21 @@ def read_pool_description(folder: Path, name: str) -> PoolDescription | None:
     return PoolDescription(tuple(document.get("routes", ())), dict(document.get("openapi", {})))
 
 
+def description_stamp(folder: Path, name: str) -> int:
+    """When `name`'s pool last wrote its description (0: not yet): a new one means new routes."""
+    try:
+        return (folder / POOLS_DIR / f"{name}.json").stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def pool_routes(folder: Path, name: str) -> tuple[int, tuple[str, ...]]:
+    """The stamp of `name`'s pool description and the task routes it names (none before it is written)."""
+    stamp = description_stamp(folder, name)
+    description = read_pool_description(folder, name)
+    return stamp, description.routes if description is not None else ()
+
+
 def pool_error_file(folder: Path, name: str) -> Path:
     return folder / POOLS_DIR / f"{name}.error"
 
