@@ -9,10 +9,21 @@ same site, from `config/nginx/nginx.conf.template`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 
+from onnxpool.config.callers import CallerBook
+from onnxpool.config.nginx_callers import (
+    LANE_VARIABLE,
+    http_block,
+    lane_name,
+    lane_servers,
+    log_field,
+    proxy_headers,
+    server_block,
+)
 from onnxpool.config.settings import Settings
 
 NGINX_DIR = Path(__file__).resolve().parent / "nginx"
@@ -20,6 +31,7 @@ TEMPLATE_FILE = NGINX_DIR / "onnxpool.conf.template"
 RENDERED_DEFAULT = NGINX_DIR / "onnxpool.conf"
 MAIN_TEMPLATE_FILE = NGINX_DIR / "nginx.conf.template"
 PROXY_TEMPLATE_FILE = NGINX_DIR / "proxy.conf.template"
+CALLERS_TEMPLATE_FILE = NGINX_DIR / "callers.js"
 ANY_POOL = "onnxpool"
 """The upstream of onnxpool's instances (a host serving several models names its own upstreams)."""
 
@@ -55,12 +67,35 @@ def upstream_block(name: str, servers: Sequence[str], settings: Settings, commen
     return "\n".join(lines) + "\n"
 
 
-def proxy_block(settings: Settings, upstream: str) -> str:
+def laned_upstreams(
+    name: str,
+    servers: Sequence[str],
+    settings: Settings,
+    callers: CallerBook | None,
+    *,
+    comment: bool = False,
+    bound: int | None = None,
+) -> str:
+    """The upstream `name`, and with callers told apart one per lane (`<name>_lane<k>`): each instance's
+    lane k socket. `bound`: the lanes the instances bound (a pool's, from its description; the host's
+    routes have none); a lane past them is the instances' own socket. None: every lane."""
+    text = upstream_block(name, servers, settings, comment=comment)
+    lanes = callers.lane_count if callers is not None else 0
+    for lane in range(1, lanes + 1):
+        addresses = lane_servers(servers, lane) if bound is None or lane <= bound else list(servers)
+        text += upstream_block(lane_name(name, lane), addresses, settings, comment=False)
+    return text
+
+
+def proxy_block(settings: Settings, upstream: str, callers: CallerBook | None = None) -> str:
+    """One location's proxying to `upstream`; with callers told apart, to the caller's lane of it."""
     nginx = settings.nginx
+    laned = callers is not None and callers.enabled
     lines = PROXY_TEMPLATE_FILE.read_text(encoding="utf-8").splitlines(keepends=True)
     text = "".join(line for line in lines if not line.startswith("#"))
     return SiteTemplate(text).substitute(
-        pass_=upstream,
+        pass_=upstream + LANE_VARIABLE if laned else upstream,
+        caller_headers=proxy_headers(callers) if callers is not None else "",
         connect_timeout=nginx.connect_timeout,
         timeout=settings.server.timeout,
         next_upstream_tries=nginx.next_upstream_tries,
@@ -75,24 +110,32 @@ def render_site(
     routing: str = "",
     model_locations: str = "",
     passed: str = ANY_POOL,
+    callers: CallerBook | None = None,
+    script: str | None = None,
+    quota_model: str = "",
 ) -> str:
     """The nginx site for these settings, as text.
 
     By default one upstream of onnxpool instances ([nginx] upstreams, else server.bind). A host serving
     several models (onnxpool.host.front_door) gives its own `upstreams`, the `routing` map that picks
     one per request, the `model_locations` of the models named in request bodies, and the variable
-    `passed` to proxy_pass.
+    `passed` to proxy_pass. With `callers` told apart (config/nginx_callers.py): `script` is callers.js's
+    path (by key), `quota_model` what a quota is counted per (default the one model's name).
     """
+    book = callers if callers is not None and callers.enabled else None
     nginx = settings.nginx
     access_log = f"    access_log {nginx.access_log} onnxpool;" if nginx.access_log else "    access_log off;"
     text = TEMPLATE_FILE.read_text(encoding="utf-8") if template is None else template
     if upstreams is None:
-        upstreams = upstream_block(ANY_POOL, upstream_servers(settings), settings, comment=True)
+        upstreams = laned_upstreams(ANY_POOL, upstream_servers(settings), settings, book, comment=True)
     return SiteTemplate(text).substitute(
         upstreams=upstreams,
         routing=routing,
+        callers=http_block(book, script, quota_model or settings.model.name) if book else "",
+        caller_limits=server_block(book) if book else "",
+        log_caller=log_field(book) if book else "",
         model_locations=model_locations,
-        proxy=proxy_block(settings, passed),
+        proxy=proxy_block(settings, passed, book),
         listen=nginx.listen,
         server_name=nginx.server_name,
         access_log=access_log,
@@ -100,6 +143,13 @@ def render_site(
         timeout=settings.server.timeout,
         client_timeout=nginx.client_timeout,
     )
+
+
+def render_callers_script(callers: CallerBook) -> str:
+    """callers.js (nginx's js module names a request's caller from its key) with these keys' digests."""
+    table = {digest.hex(): name for digest, name in callers.digests}
+    text = CALLERS_TEMPLATE_FILE.read_text(encoding="utf-8")
+    return SiteTemplate(text).substitute(table=json.dumps(table, sort_keys=True))
 
 
 def render_main(settings: Settings, site: Path, modules: Sequence[Path] = ()) -> str:

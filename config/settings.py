@@ -7,6 +7,7 @@ This module does no I/O (the loader in `config.loader` reads files and env).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -407,6 +408,70 @@ class AuthSettings(Section):
         return value
 
 
+CALLER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+"""A caller's name (config/callers.py): a Prometheus label value and an nginx token."""
+
+
+class CallersSettings(Section):
+    """`[callers]`: how a request's caller is known, and how workers share a model between callers."""
+
+    identify: Literal["key", "header", "address"] = "key"
+    """What names a caller: "key" (its API key: the keys file's `<caller> <key>` lines, each key of
+    [auth] api_keys a caller of its own; off while there is no key), "header" (the value of
+    `header`, set by the calling backend or a gateway you trust), "address" (the client address
+    nginx sees, in a `[caller.<name>] addresses` network)."""
+
+    header: str = "X-Caller"
+    """identify = "header": the request header naming the caller."""
+
+    lanes: int = Field(default=8, ge=1, le=64)
+    """Sockets per model for named callers (beside its own); callers beyond this share lanes.
+    A TCP bind PORT adds PORT+1..PORT+lanes; a unix `x.sock` adds `x.1.sock`..."""
+
+    hold_ms: float = Field(default=3.0, ge=0, le=100)
+    """How long a free worker keeps itself for a caller below its share that has just been
+    answered, rather than take more work of a caller at or above its share (0 = never)."""
+
+    @field_validator("header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", value):
+            raise ValueError("must be an HTTP header name (letters, digits, '-')")
+        return value
+
+
+class CallerSettings(Section):
+    """`[caller.<name>]`: one caller's share, models and quota (every key optional)."""
+
+    weight: int = Field(default=1, ge=1, le=100)
+    """Its share of a busy model's workers, against the other active callers' weights."""
+
+    models: tuple[str, ...] = ()
+    """The models it may call (names as in [models] or [model]); empty = every model. Others: 403."""
+
+    rate: float = Field(default=0, ge=0)
+    """Requests per second it may send to each model (0 = no limit); more: 429 with Retry-After."""
+
+    burst: int = Field(default=0, ge=0)
+    """Requests beyond `rate` it may send at once before the 429s begin."""
+
+    concurrency: int = Field(default=0, ge=0)
+    """Its requests in flight at one model at once (0 = no cap); more: 429."""
+
+    addresses: tuple[str, ...] = ()
+    """identify = "address": its client networks (`10.1.0.0/16`, `192.0.2.7`)."""
+
+    @field_validator("addresses")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an address or network (CIDR)") from None
+        return value
+
+
 class MetricsSettings(Section):
     """`[metrics]`: Prometheus metrics on /metrics and the Server-Timing header."""
 
@@ -483,6 +548,9 @@ class Settings(Section):
     logging: LoggingSettings = LoggingSettings()
     nginx: NginxSettings = NginxSettings()
     auth: AuthSettings = AuthSettings()
+    callers: CallersSettings = CallersSettings()
+    caller: dict[str, CallerSettings] = Field(default_factory=dict)
+    """`[caller.<name>]`: the named callers' weights, models and quotas (config/callers.py)."""
     metrics: MetricsSettings = MetricsSettings()
     cache: CacheSettings = CacheSettings()
     task: dict[str, Any] = Field(default_factory=dict)

@@ -51,6 +51,7 @@ from pathlib import Path
 from types import FrameType
 
 from onnxpool import logs, probe
+from onnxpool.config.callers import CallerBook
 from onnxpool.config.loader import (
     ENV_CONFIG_FILE,
     ENV_HOST_DIR,
@@ -63,7 +64,7 @@ from onnxpool.config.loader import (
 from onnxpool.config.settings import ModelEntry, Settings
 from onnxpool.host import supervisor
 from onnxpool.host.budget import ModelPlan, oversubscribed_budgets, plan_models
-from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_checked_front_door
+from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
 from onnxpool.host.priority import Priority, choose, renice_workers
 from onnxpool.host.program import (
     PR_SET_PDEATHSIG,
@@ -141,6 +142,8 @@ class Model:
     ready_pid: int = 0
     """The pid that answered ready: a new pid (a restart) is LOADING until it answers."""
     routes: tuple[str, ...] = ()
+    lanes: int = 0
+    """Callers' lanes its pool bound beside its socket (its description)."""
     has_program: bool = True
     routed: bool = False
     described: int = 0
@@ -162,6 +165,8 @@ class Host:
     control: Supervisor | None = None
     routed: tuple[PoolRoute, ...] | None = None
     """What nginx routes now (None: nginx not started)."""
+    routed_callers: CallerBook | None = None
+    """The callers nginx keeps apart now (a HUP that changes them or their quotas re-renders it)."""
     password: str = field(init=False)
     """supervisord's control socket's, made for this run (in its owner-only configuration file)."""
     notify_socket: str = field(init=False)
@@ -248,6 +253,7 @@ class Host:
             "view": pool_view(raw, name, self.config_file),
             "file": [stat.st_mtime_ns, stat.st_size],
             "task": _task_source_stamp(entry.task, self.config_file.parent),
+            "keys": _file_stamp(self.settings.auth.api_keys_file),  # its callers and keys: a new file is a HUP
             "plan": [plan.budget, plan.layout.workers, plan.layout.threads],
         }
         return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
@@ -392,7 +398,7 @@ class Host:
         return changed
 
     def _read_routes(self, model: Model) -> None:
-        model.described, model.routes = pool_routes(self.run.path, model.name)
+        model.described, model.routes, model.lanes = pool_routes(self.run.path, model.name)
 
     def _set(self, model: Model, state: str, reason: str) -> bool:
         if (model.state, model.reason) == (state, reason):
@@ -433,7 +439,9 @@ class Host:
         """The pools nginx routes to: every model with a program whose pool has loaded once, in the
         file's order (a route several models' tasks have, /predict, is the first one's)."""
         return tuple(
-            PoolRoute(name=name, aliases=model.entry.aliases, address=model.address, routes=model.routes)
+            PoolRoute(
+                name=name, aliases=model.entry.aliases, address=model.address, routes=model.routes, lanes=model.lanes
+            )
             for name, model in self.models.items()
             if model.has_program and model.routed
         )
@@ -442,11 +450,19 @@ class Host:
         return write_checked_front_door(self.run.path / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary)
 
     def _route(self) -> None:
-        """Start nginx, or re-render it when the routable pools changed (a HUP: its old workers finish
-        what they hold). A model that cannot be routed (nginx's js module missing) is UNAVAILABLE."""
+        """Start nginx, or re-render it when the routable pools or the callers changed (a HUP: its old workers
+        finish what they hold). A model that cannot be routed (nginx's js module missing) is UNAVAILABLE."""
         assert self.control is not None
         pools = self._routable()
-        if pools == self.routed:
+        callers: CallerBook | None
+        try:
+            callers = front_door_callers(self.settings)
+        except FrontDoorError as exc:
+            if self.routed is None:
+                raise HostError(str(exc)) from None
+            log.error("reload: the front door keeps its callers: %s", exc)
+            callers = self.routed_callers
+        if pools == self.routed and callers == self.routed_callers:
             return
         try:
             self._front_door_files(pools)
@@ -454,6 +470,8 @@ class Host:
             if self.routed is None:
                 raise HostError(str(exc)) from None
             added = [pool.name for pool in pools if pool.name not in {known.name for known in self.routed}]
+            if not added:
+                log.error("reload: the front door keeps its files: %s", exc)
             for name in added:
                 self._set(self.models[name], UNAVAILABLE, str(exc))
                 self._drop_program(name)
@@ -465,6 +483,7 @@ class Host:
         else:
             self.control.signal(NGINX, "HUP")
         self.routed = pools
+        self.routed_callers = callers
         for pool in pools:  # served through the front door: from now on the host is ready only with it
             model = self.models[pool.name]
             model.required = model.required or not model.entry.optional
@@ -774,6 +793,14 @@ def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _file_stamp(path: Path | None) -> str:
+    """A digest of a file's content ("" for none, or a file that cannot be read: the pool says why)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else ""
+    except OSError:
+        return ""
 
 
 def _task_source_stamp(spec: str, base: Path) -> list[object]:

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpool.config.loader import LoadedSettings
-from onnxpool.config.nginx import SiteTemplate, proxy_block, render_main, render_site, upstream_block
+from onnxpool.config.callers import CallerBook, caller_book_of
+from onnxpool.config.loader import ConfigError, LoadedSettings
+from onnxpool.config.nginx import SiteTemplate, laned_upstreams, proxy_block, render_main, render_site
 from onnxpool.config.settings import Settings
-from onnxpool.proxy import TEMP_FOLDERS
+from onnxpool.proxy import TEMP_FOLDERS, required_js_module, write_callers_script
 
 ROUTER_FILE = Path(__file__).resolve().with_name("route_by_model.js")
-ROUTER_MODULE = "ngx_http_js_module.so"
-"""nginx's JavaScript module (Debian: libnginx-mod-http-js): routes a request by the `model` its JSON body names."""
 EMBEDDINGS_ROUTE = "/v1/embeddings"
 """The one route whose model is named in the body (OpenAI's); with several text models nginx reads it."""
 HOST_UPSTREAM = "onnxpool_host"
@@ -47,6 +46,8 @@ class PoolRoute:
     """`unix:/path.sock` or `HOST:PORT`."""
     routes: tuple[str, ...]
     """The task's POST routes (`/predict`, `/v1/embeddings`, `/v2/models/<model>/classify`...)."""
+    lanes: int = 0
+    """Callers' lanes its master bound at start (a lane past them is its socket: lane 0)."""
 
     @property
     def upstream(self) -> str:
@@ -114,7 +115,7 @@ def router_script(pools: Sequence[PoolRoute]) -> str:
     )
 
 
-def _model_locations(settings: Settings, pools: Sequence[PoolRoute]) -> str:
+def _model_locations(settings: Settings, pools: Sequence[PoolRoute], callers: CallerBook) -> str:
     owners = shared_routes(pools)[EMBEDDINGS_ROUTE]
     text = [
         "    # Several text models: nginx reads the body (kept in memory) and its `model` picks the pool.",
@@ -125,55 +126,68 @@ def _model_locations(settings: Settings, pools: Sequence[PoolRoute]) -> str:
         "    }",
     ]
     for pool in owners:
-        text += [f"    location @{pool.upstream} {{", proxy_block(settings, pool.upstream) + "    }"]
+        text += [f"    location @{pool.upstream} {{", proxy_block(settings, pool.upstream, callers) + "    }"]
     return "\n".join(text) + "\n\n"
 
 
-def render_host_site(settings: Settings, pools: Sequence[PoolRoute], host_address: str, router: Path | None) -> str:
-    """The site: an upstream per pool and one for the host's routes, the routing map, the locations
-    of body-routed models (`router`: route_by_model.js as written for this host, when `needs_router`)."""
-    upstreams = upstream_block(HOST_UPSTREAM, [host_address], settings, comment=False) + "".join(
-        upstream_block(pool.upstream, [pool.address], settings, comment=False) for pool in pools
+def render_host_site(
+    settings: Settings,
+    pools: Sequence[PoolRoute],
+    host_address: str,
+    router: Path | None,
+    callers: CallerBook,
+    script: Path | None = None,
+) -> str:
+    """The site: an upstream per pool and one for the host's routes (each with its callers' lanes), the
+    routing map, the locations of body-routed models (`router`: route_by_model.js as written for this
+    host, when `needs_router`); `script`: callers.js, when callers are named by key. A caller's quota
+    is counted per pool."""
+    upstreams = laned_upstreams(HOST_UPSTREAM, [host_address], settings, callers, bound=0) + "".join(
+        laned_upstreams(pool.upstream, [pool.address], settings, callers, bound=pool.lanes) for pool in pools
     )
     routed = router if needs_router(pools) else None
     return render_site(
         settings,
         upstreams=upstreams,
         routing=_routing(pools, routed),
-        model_locations=_model_locations(settings, pools) if routed is not None else "",
+        model_locations=_model_locations(settings, pools, callers) if routed is not None else "",
         passed="$onnxpool_pool",
+        callers=callers,
+        script=str(script or ""),
+        quota_model="$onnxpool_pool",
     )
 
 
-def js_module(binary: str) -> Path | None:
-    """nginx's js module file, in the modules folder `nginx -V` names (else Debian's, /usr/lib/nginx/modules)."""
+def front_door_callers(settings: Settings) -> CallerBook:
+    """The callers the front door keeps apart (reads the keys file); FrontDoorError names a mistake."""
     try:
-        text = subprocess.run([binary, "-V"], capture_output=True, text=True, check=False).stderr
-    except OSError:
-        return None
-    found = re.search(r"--modules-path=(\S+)", text)
-    folder = Path(found.group(1)) if found else Path("/usr/lib/nginx/modules")
-    return folder / ROUTER_MODULE if (folder / ROUTER_MODULE).is_file() else None
+        return caller_book_of(settings)
+    except ConfigError as exc:
+        raise FrontDoorError(str(exc)) from None
 
 
 def write_front_door(
     folder: Path, settings: Settings, pools: Sequence[PoolRoute], host_address: str, binary: str
 ) -> Path:
     """Write nginx's files into `folder` (settings.nginx: listen, pidfile, access log as the host sets
-    them); returns its main configuration. Raises FrontDoorError when the js module is needed and missing."""
+    them); returns its main configuration. Raises NginxFilesError when the js module is needed and missing,
+    ConfigError for the keys file."""
     router = folder / "route_by_model.js"
-    modules: list[Path] = []
+    callers = front_door_callers(settings)
+    script = write_callers_script(folder, callers)
+    needs = [
+        *(
+            ["several models take OpenAI embeddings: nginx routes them by the body's `model`"]
+            if needs_router(pools)
+            else []
+        ),
+        *(["callers are named by their keys"] if script is not None else []),
+    ]
+    modules = [required_js_module(binary, " and ".join(needs), FrontDoorError)] if needs else []
     if needs_router(pools):
-        module = js_module(binary)
-        if module is None:
-            raise FrontDoorError(
-                "several models take OpenAI embeddings: nginx routes them by the body's `model` with its js "
-                "module, which is not installed (Debian: apt-get install libnginx-mod-http-js)"
-            )
-        modules.append(module)
         router.write_text(router_script(pools), encoding="utf-8")
     site = folder / "onnxpool-site.conf"
-    site.write_text(render_host_site(settings, pools, host_address, router), encoding="utf-8")
+    site.write_text(render_host_site(settings, pools, host_address, router, callers, script), encoding="utf-8")
     main = folder / "nginx.conf"
     main.write_text(render_main(settings, site, modules), encoding="utf-8")
     return main

@@ -42,9 +42,10 @@ from pathlib import Path
 from types import FrameType
 
 from onnxpool import logs, probe
+from onnxpool.config.callers import CallerBook
 from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
 from onnxpool.config.settings import ModelEntry
-from onnxpool.host.front_door import FrontDoorError, PoolRoute, write_checked_front_door
+from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
 from onnxpool.host.state import (
     NGINX_DIR,
     POOLS_DIR,
@@ -80,6 +81,8 @@ class WatchedModel:
     state: str = LOADING
     reason: str = ""
     routes: tuple[str, ...] = ()
+    lanes: int = 0
+    """Callers' lanes its pool bound beside its socket (its description)."""
     routed: bool = False
     """Ready once: nginx routes to it from then on."""
     described: int = 0
@@ -124,8 +127,12 @@ def accepts(address: str, timeout: float = PROBE_SECONDS) -> bool:
 
 
 class PodFrontDoor:
-    def __init__(self, loaded: LoadedSettings, folder: Path, binary: str) -> None:
+    def __init__(self, loaded: LoadedSettings, folder: Path, binary: str, config_file: Path | None = None) -> None:
         self.loaded = loaded
+        self.config_file = config_file
+        self.reread = False
+        """A HUP came: read the file again (callers and quotas change the front door's files)."""
+        self.routed_callers: CallerBook | None = None
         self.folder = folder
         self.binary = binary
         self.models = {
@@ -157,7 +164,7 @@ class PodFrontDoor:
         return True
 
     def _read_routes(self, model: WatchedModel) -> None:
-        model.described, model.routes = pool_routes(self.folder, model.name)
+        model.described, model.routes, model.lanes = pool_routes(self.folder, model.name)
 
     def poll(self) -> bool:
         """One look at every model; True when a state changed."""
@@ -189,7 +196,13 @@ class PodFrontDoor:
 
     def _routable(self) -> tuple[PoolRoute, ...]:
         return tuple(
-            PoolRoute(name=model.name, aliases=model.entry.aliases, address=model.address, routes=model.routes)
+            PoolRoute(
+                name=model.name,
+                aliases=model.entry.aliases,
+                address=model.address,
+                routes=model.routes,
+                lanes=model.lanes,
+            )
             for model in self.models.values()
             if model.routed and not model.refused
         )
@@ -198,7 +211,14 @@ class PodFrontDoor:
         """Write nginx's files for the routable models, and start nginx or HUP it when they changed. A
         model nginx cannot route (its js module missing) is UNAVAILABLE; the others stay as they were."""
         pools = self._routable()
-        if pools == self.routed:
+        try:
+            callers: CallerBook | None = front_door_callers(self.loaded.settings)
+        except FrontDoorError as exc:
+            if self.routed is None:
+                raise
+            log.error("reload: the front door keeps its callers: %s", exc)
+            callers = self.routed_callers
+        if pools == self.routed and callers == self.routed_callers:
             return
         try:
             main = write_checked_front_door(
@@ -222,6 +242,17 @@ class PodFrontDoor:
             self.nginx.send_signal(signal.SIGHUP)
         self._await_new_workers(before)
         self.routed = pools
+        self.routed_callers = callers
+
+    def _read_again(self) -> None:
+        """After a HUP: the file's settings (a changed caller or quota is re-rendered by `route`)."""
+        self.reread = False
+        if self.config_file is None:
+            return
+        try:
+            self.loaded = load_settings(self.config_file, pool="")
+        except ConfigError as exc:
+            log.error("reload: the front door keeps its settings: %s", exc)
 
     def _nginx_workers(self) -> set[int]:
         if self.nginx is None:
@@ -259,12 +290,16 @@ class PodFrontDoor:
         assert self.nginx is not None
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            if self.nginx is not None and self.nginx.poll() is None:
+            if signum == signal.SIGHUP and self.config_file is not None:
+                self.reread = True  # the loop reads the file, re-renders and HUPs nginx if that changed it
+            elif self.nginx is not None and self.nginx.poll() is None:
                 self.nginx.send_signal(FORWARD[signal.Signals(signum)])
 
         for signum in FORWARD:
             signal.signal(signum, forward)
         while self.nginx.poll() is None:
+            if self.reread:
+                self._read_again()
             changed = self.poll()
             self.route()  # before the states are published: READY is routed
             if changed:
@@ -298,7 +333,7 @@ def serve_front_door(config_file: Path) -> int:
         with contextlib.suppress(PermissionError):
             part.chmod(0o711)
     try:
-        return PodFrontDoor(loaded, path, binary).serve()
+        return PodFrontDoor(loaded, path, binary, config_file).serve()
     except (FrontDoorError, OSError) as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from werkzeug.exceptions import HTTPException
 
 from onnxpool import __version__
+from onnxpool.config.callers import caller_book_of
 from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.host.state import HostModel, metrics_folders, read_host, read_pool_description
@@ -195,7 +196,7 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
         settings = load_settings(Path(os.environ[ENV_CONFIG_FILE]), pool="").settings
     view = HostView(run_dir)
     app = Flask(__name__)
-    auth_on = auth.install(app, settings.auth)
+    auth_on = auth.install(app, caller_book_of(settings), settings.auth.protect_metrics)
     series = HostSeries(view)
 
     @app.errorhandler(OnnxpoolError)

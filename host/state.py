@@ -93,10 +93,14 @@ class PoolDescription:
     """The task's POST routes (`/predict`, `/v2/models/<model>/classify`...)."""
     openapi: dict[str, Any]
     """The pool's own OpenAPI document (server/openapi.py), for the host's /openapi.json."""
+    lanes: int = 0
+    """Callers' lanes its master bound at start beside its socket (workers/lanes.py): `<name>.<k>.sock`."""
 
 
-def write_pool_description(folder: Path, name: str, routes: Sequence[str], openapi: dict[str, Any]) -> None:
-    write_json(folder / POOLS_DIR / f"{name}.json", {"routes": list(routes), "openapi": openapi})
+def write_pool_description(
+    folder: Path, name: str, routes: Sequence[str], openapi: dict[str, Any], lanes: int = 0
+) -> None:
+    write_json(folder / POOLS_DIR / f"{name}.json", {"routes": list(routes), "openapi": openapi, "lanes": lanes})
 
 
 def read_pool_description(folder: Path, name: str) -> PoolDescription | None:
@@ -105,7 +109,9 @@ def read_pool_description(folder: Path, name: str) -> PoolDescription | None:
         document = json.loads((folder / POOLS_DIR / f"{name}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return PoolDescription(tuple(document.get("routes", ())), dict(document.get("openapi", {})))
+    return PoolDescription(
+        tuple(document.get("routes", ())), dict(document.get("openapi", {})), int(document.get("lanes", 0))
+    )
 
 
 def description_stamp(folder: Path, name: str) -> int:
@@ -116,11 +122,12 @@ def description_stamp(folder: Path, name: str) -> int:
         return 0
 
 
-def pool_routes(folder: Path, name: str) -> tuple[int, tuple[str, ...]]:
-    """The stamp of `name`'s pool description and the task routes it names (none before it is written)."""
+def pool_routes(folder: Path, name: str) -> tuple[int, tuple[str, ...], int]:
+    """The stamp of `name`'s pool description, the task routes it names and the callers' lanes it bound
+    (none before it is written)."""
     stamp = description_stamp(folder, name)
     description = read_pool_description(folder, name)
-    return stamp, description.routes if description is not None else ()
+    return (stamp, description.routes, description.lanes) if description is not None else (stamp, (), 0)
 
 
 def pool_error_file(folder: Path, name: str) -> Path:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from onnxpool.config.callers import caller_book_of
 from onnxpool.config.loader import (
     ENV_CONFIG_FILE,
     ENV_HOST_DIR,
@@ -22,6 +23,7 @@ from onnxpool.config.loader import (
     load_settings,
 )
 from onnxpool.config.nginx import render_site, upstream_servers
+from onnxpool.config.nginx_callers import needs_js
 from onnxpool.server.auth import mask_key
 
 # gunicorn's configuration is package data: found through the package, wherever it is installed.
@@ -102,20 +104,32 @@ def _nginx_config(args: argparse.Namespace) -> int:
         overrides["nginx.upstreams"] = args.upstream
     if args.server_name:
         overrides["nginx.server_name"] = args.server_name
+    to_stdout = args.output in (None, "-")
     try:
         settings = load_settings(args.config, overrides=overrides).settings
+        callers = caller_book_of(settings)
+        if needs_js(callers) and to_stdout:
+            raise ConfigError("callers named by their keys need callers.js beside the site: write it with -o FILE")
     except ConfigError as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
-    text = render_site(settings)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
+    if to_stdout:
+        sys.stdout.write(render_site(settings, callers=callers))
         return 0
+    output = Path(args.output)
     try:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from onnxpool.proxy import write_callers_script  # as `onnxpool nginx` below: imported when used
+
+        script = write_callers_script(output.parent, callers)
+        output.write_text(render_site(settings, callers=callers, script=str(script or "")), encoding="utf-8")
     except OSError as exc:
-        print(f"onnxpool: error: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        print(f"onnxpool: error: cannot write {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
+    if script is not None:
+        print(
+            f"wrote {script} (the callers' key digests; nginx needs its js module: libnginx-mod-http-js)",
+            file=sys.stderr,
+        )
     print(f"wrote {args.output} (upstreams: {', '.join(upstream_servers(settings))})", file=sys.stderr)
     return 0
 
@@ -143,7 +157,7 @@ def _nginx(args: argparse.Namespace) -> int:
         print("onnxpool: error: nginx is not installed (Debian: apt-get install nginx-light)", file=sys.stderr)
         return 1
     try:
-        return proxy.run_nginx(settings, binary)
+        return proxy.run_nginx(settings, binary, reread=lambda: load_settings(args.config).settings)
     except OSError as exc:
         print(f"onnxpool: error: cannot write nginx's files beside {settings.nginx.pidfile}: {exc}", file=sys.stderr)
         return 1

@@ -15,10 +15,10 @@ _server = _serving.settings.server
 
 wsgi_app = "onnxpool.wsgi:app"
 preload_app = True  # master imports the app once (no onnxruntime session in it)
-bind = [_server.bind]
+bind = _serving.binds
 workers = _serving.layout.workers
-worker_class = _server.worker_class
-threads = _server.http_threads if _server.worker_class == "gthread" else 1
+worker_class = _serving.worker_class
+threads = _server.http_threads if _server.worker_class == "gthread" else 1  # LaneWorker is sync
 timeout = _server.timeout
 graceful_timeout = _server.graceful_timeout
 keepalive = _server.keepalive

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from gunicorn.http.body import LengthReader
 
 from onnxpool import drain, wire
+from onnxpool.config.callers import CallerBook, caller_book_of, lane_addresses
 from onnxpool.config.loader import ENV_HOST_DIR, ENV_POOL, ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.host.priority import apply_nice
@@ -60,6 +61,8 @@ from onnxpool.host.state import pool_error_file, read_host, write_pool_descripti
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
+from onnxpool.workers.lane_worker import LANES_ATTRIBUTE, LaneWorker
+from onnxpool.workers.lanes import LanePlan
 from onnxpool.workers.memory import MemoryProbe, ProcessMemory, read_memory
 from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
@@ -82,6 +85,29 @@ class Serving:
     pool: Pool
     generation: Generation
     app: Flask
+    callers: CallerBook
+
+    @property
+    def binds(self) -> list[str]:
+        """gunicorn's listeners: [server] bind (lane 0), then the callers' lanes bound at start (workers/lanes.py).
+        Never another list at a HUP: gunicorn would close the sockets the old workers still serve on."""
+        bind = self.settings.server.bind
+        return [bind, *lane_addresses(bind, self.pool.lanes_bound(self.callers))]
+
+    @property
+    def worker_class(self) -> str:
+        """The sync worker that chooses between callers' lanes (gthread workers take them in turn)."""
+        if self.settings.server.worker_class == "sync" and self.pool.lanes_bound(self.callers):
+            return f"{LaneWorker.__module__}.{LaneWorker.__qualname__}"
+        return self.settings.server.worker_class
+
+    def lane_plan(self) -> LanePlan | None:
+        """What the workers choose by: the callers' weights on the lanes bound at start (None: no choice)."""
+        bound = self.pool.lanes_bound(self.callers)
+        if not bound or not self.callers.lane_count:
+            return None
+        weights = (*self.callers.lane_weights(), *([1] * bound))[: bound + 1]
+        return LanePlan(weights, self.layout.workers, self.callers.settings.hold_ms / 1000)
 
     @property
     def settings(self) -> Settings:
@@ -131,7 +157,8 @@ def configure() -> Serving:
             pool = _start_pool(loaded.settings)
         generation = pool.validate(loaded)
         try:
-            app = _build_app(generation, pool)
+            callers = callers_of(generation.settings)
+            app = _build_app(generation, pool, callers)
         except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
@@ -145,7 +172,10 @@ def configure() -> Serving:
         if generation.model_choice:
             log.info("%s", generation.model_choice)
         _warn_cpu_fit(generation)
-    _serving = Serving(pool=pool, generation=generation, app=app)
+    reloaded = _serving is not None
+    _serving = Serving(pool=pool, generation=generation, app=app, callers=callers)
+    if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
+        _log_callers(_serving)
     return _serving
 
 
@@ -184,7 +214,51 @@ def _start_pool(settings: Settings) -> Pool:
     return Pool(run)
 
 
-def _build_app(generation: Generation, pool: Pool) -> Flask:
+def callers_of(settings: Settings) -> CallerBook:
+    """The callers of these settings; ConfigError names a mistake (a lane past port 65535 too)."""
+    book = caller_book_of(settings)
+    try:
+        lane_addresses(settings.server.bind, book.lane_count)
+    except ValueError as exc:
+        raise ConfigError(f"server.bind: {exc}") from None
+    return book
+
+
+def _log_callers(s: Serving) -> None:
+    callers = s.callers
+    bound = s.pool.lanes_bound(callers)
+    if callers.lane_count != bound:
+        log.warning(
+            "callers: %d lanes were bound at start and this file asks for %d: restart to apply "
+            "(a HUP keeps the listening sockets); %s",
+            bound,
+            callers.lane_count,
+            "until then every caller waits in one queue" if not bound else "callers past them share lane 0",
+        )
+    if not callers.enabled:
+        return
+    if s.worker_class != s.settings.server.worker_class:
+        log.info(
+            "callers by %s: %s; each on its lane (%s), a model's workers shared between the active ones by weight",
+            callers.settings.identify,
+            ", ".join(f"{c.name} (lane {c.lane})" for c in callers.callers) or "none named yet",
+            ", ".join(s.binds[1:]),
+        )
+    else:
+        log.warning(
+            "callers by %s are named in logs and metrics, but gthread workers take their requests in "
+            'arrival order: a model is shared fairly between callers only with worker_class = "sync"',
+            callers.settings.identify,
+        )
+    if not s.settings.nginx.pidfile and host_dir() is None:
+        log.warning(
+            "callers are kept apart only behind onnxpool's nginx (it sends each caller to its lane and "
+            "holds its quota): `onnxpool nginx-config` or `onnxpool nginx`; requests sent here directly "
+            "all wait in one queue"
+        )
+
+
+def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> Flask:
     from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
 
     settings = generation.settings
@@ -194,14 +268,14 @@ def _build_app(generation: Generation, pool: Pool) -> Flask:
         log.warning("%s", line)
     task = build_task(generation.loaded, generation.model)
     plan = CachePlan(model_digest=generation.model_digest, folder=_prepare_cache(settings, pool))
-    app = create_app(settings, RUNTIME, plan, task)
+    app = create_app(settings, RUNTIME, plan, task, callers)
     host = host_dir()
     if host is not None:  # one model of several: the host routes to its task's routes and lists its API
         from onnxpool.server.auth import AUTH_KEY
         from onnxpool.server.openapi import openapi_document
 
         document = openapi_document(settings, task, auth=AUTH_KEY in app.extensions)
-        write_pool_description(host, settings.model.name, task.routes, document)
+        write_pool_description(host, settings.model.name, task.routes, document, pool.lanes_bound(callers))
     return app
 
 
@@ -277,6 +351,7 @@ def on_starting(server: Any) -> None:
         log.info("%s", s.generation.model_choice)
     _warn_if_oversubscribed(layout, layout.workers)
     _log_task(s)
+    _log_callers(s)
     if settings.nginx.pidfile:
         drain.hold_term_for_proxy(server, Path(settings.nginx.pidfile), settings.server.graceful_timeout)
     _warn_cpu_fit(s.generation)
@@ -332,7 +407,11 @@ def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
 
 
 def pre_fork(server: Any, worker: Any) -> None:
-    setattr(worker, SLOT_ATTRIBUTE, serving().pool.slots.acquire(worker.age))
+    s = serving()
+    setattr(worker, SLOT_ATTRIBUTE, s.pool.slots.acquire(worker.age))
+    plan = s.lane_plan()
+    if plan is not None:
+        setattr(worker, LANES_ATTRIBUTE, (s.pool.seats.board, s.pool.seats.acquire(worker.age), plan))
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -496,6 +575,7 @@ def _publish_memory(s: Serving, memory: ProcessMemory | None) -> None:
 def child_exit(server: Any, worker: Any) -> None:
     s = serving()
     s.pool.slots.release(worker.age)
+    s.pool.seats.release(worker.age)
     _forget_worker(s, worker.pid)
 
 
@@ -518,6 +598,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     s = _serving
     if s is not None and os.getpid() == s.pool.master_pid:
         s.pool.slots.release(worker.age)
+        s.pool.seats.release(worker.age)
         _forget_worker(s, worker.pid)
     elif _opened is not None:
         from onnxpool.server.app import close_in_worker  # loaded with the app already

@@ -21,17 +21,25 @@ Process rules (why this is a wrapper and not an exec):
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from onnxpool.config.nginx import render_main, render_site
+from onnxpool.config.callers import caller_book_of
+from onnxpool.config.loader import ConfigError
+from onnxpool.config.nginx import render_callers_script, render_main, render_site
+from onnxpool.config.nginx_callers import CALLERS_SCRIPT, needs_js
 from onnxpool.config.settings import Settings
+
+if TYPE_CHECKING:
+    from onnxpool.config.callers import CallerBook
 
 # What the runtime sends -> what nginx gets.
 FORWARD = {
@@ -51,21 +59,66 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/usr/local/sbin")
 
 
-def write_config(settings: Settings) -> Path:
-    """Render site + main configuration beside [nginx] pidfile; returns the main file's path."""
+JS_MODULE = "ngx_http_js_module.so"
+"""nginx's JavaScript module (Debian: libnginx-mod-http-js): routes by a body's `model`, names callers by key."""
+
+
+class NginxFilesError(Exception):
+    """nginx's files cannot be written as asked: one line for the operator."""
+
+
+def js_module(binary: str) -> Path | None:
+    """nginx's js module file, in the modules folder `nginx -V` names (else Debian's, /usr/lib/nginx/modules)."""
+    try:
+        text = subprocess.run([binary, "-V"], capture_output=True, text=True, check=False).stderr
+    except OSError:
+        return None
+    found = re.search(r"--modules-path=(\S+)", text)
+    folder = Path(found.group(1)) if found else Path("/usr/lib/nginx/modules")
+    return folder / JS_MODULE if (folder / JS_MODULE).is_file() else None
+
+
+def required_js_module(binary: str, why: str, error: type[Exception] = NginxFilesError) -> Path:
+    """The js module, or `error` saying `why` it is needed and how to install it."""
+    module = js_module(binary)
+    if module is None:
+        raise error(f"{why} with its js module, which is not installed (Debian: apt-get install libnginx-mod-http-js)")
+    return module
+
+
+def write_callers_script(folder: Path, callers: CallerBook) -> Path | None:
+    """callers.js in `folder` when nginx names callers by key (config/nginx_callers.py); its path, else None."""
+    if not needs_js(callers):
+        return None
+    script = folder / CALLERS_SCRIPT
+    script.write_text(render_callers_script(callers), encoding="utf-8")
+    return script
+
+
+def write_config(settings: Settings, binary: str) -> Path:
+    """Render site + main configuration beside [nginx] pidfile; returns the main file's path.
+    Raises ConfigError (the keys file) or NginxFilesError (callers by key without nginx's js module)."""
     prefix = Path(settings.nginx.pidfile).parent
     for folder in TEMP_FOLDERS:
         (prefix / "tmp" / folder).mkdir(parents=True, exist_ok=True)
+    callers = caller_book_of(settings)
+    script = write_callers_script(prefix, callers)
+    modules = [required_js_module(binary, "callers are named by their keys")] if script is not None else []
     site = prefix / SITE_FILE
-    site.write_text(render_site(settings), encoding="utf-8")
+    site.write_text(render_site(settings, callers=callers, script=str(script or "")), encoding="utf-8")
     main = prefix / MAIN_FILE
-    main.write_text(render_main(settings, site), encoding="utf-8")
+    main.write_text(render_main(settings, site, modules), encoding="utf-8")
     return main
 
 
-def run_nginx(settings: Settings, binary: str) -> int:
-    """Start nginx on the written configuration, forward signals, return its exit status."""
-    main = write_config(settings)
+def run_nginx(settings: Settings, binary: str, reread: Callable[[], Settings] | None = None) -> int:
+    """Start nginx on the written configuration, forward signals, return its exit status. On HUP the
+    settings are read again (`reread`) and the files written anew first: a changed caller or quota."""
+    try:
+        main = write_config(settings, binary)
+    except (ConfigError, NginxFilesError) as exc:
+        print(f"onnxpool: error: {exc}", file=sys.stderr)
+        return 1
     prefix = main.parent
     argv = [binary, "-p", str(prefix), "-c", str(main), "-e", "stderr"]
     check = subprocess.run([*argv, "-t", "-q"], check=False, capture_output=True)
@@ -81,6 +134,12 @@ def run_nginx(settings: Settings, binary: str) -> int:
     copier.start()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP and reread is not None:
+            try:
+                write_config(reread(), binary)
+            except (ConfigError, NginxFilesError, OSError) as exc:
+                print(f"onnxpool: error: reload: nginx keeps its files: {exc}", file=sys.stderr, flush=True)
+                return
         if child.poll() is None:
             os.kill(child.pid, FORWARD[signal.Signals(signum)])
 

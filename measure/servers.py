@@ -33,6 +33,25 @@ def free_port() -> int:
         return port
 
 
+def port_with_free_lanes(lanes: int) -> int:
+    """A free port whose next `lanes` ports are free too (the lanes of a TCP bind)."""
+    for _ in range(50):
+        port = free_port()
+        if port + lanes > 65535:
+            continue
+        probes = [socket.socket() for _ in range(lanes)]
+        try:
+            for number, probe in enumerate(probes, port + 1):
+                probe.bind(("127.0.0.1", number))
+            return port
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError("no port with free neighbours")
+
+
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The current environment without onnxpool settings, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXPOOL_")}
@@ -174,13 +193,15 @@ def start_server(
     name: str = "server",
     timeout: float = 60.0,
     cpus: str | None = None,
+    lanes: int = 0,
 ) -> Server:
     """Start `python -m gunicorn -c <onnxpool's gunicorn_conf.py>` on a free port, as its own process group.
 
     `settings` are ONNXPOOL_* environment overrides, e.g. {"ONNXPOOL_SERVER__WORKERS": "2"};
-    `cpus` starts it under `taskset -c CPUS`, like an operator limiting its cores.
+    `cpus` starts it under `taskset -c CPUS`, like an operator limiting its cores; `lanes`: the ports after
+    its own are free too (callers' lanes, [callers] lanes).
     """
-    port = free_port()
+    port = port_with_free_lanes(lanes) if lanes else free_port()
     env = clean_env(settings)
     env["ONNXPOOL_SERVER__BIND"] = bind or f"127.0.0.1:{port}"
     if config is not None:

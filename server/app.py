@@ -16,6 +16,7 @@ from typing import Any
 from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
+from onnxpool.config.callers import CallerBook, caller_book_of
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
 from onnxpool.server import (
@@ -30,6 +31,7 @@ from onnxpool.server import (
     routes_v1,
     routes_v2,
 )
+from onnxpool.server import callers as caller_gate
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
@@ -92,6 +94,7 @@ def create_app(
     backend: InferenceBackend,
     cache: CachePlan | None = None,
     task: Task[Any, Any, Any] | None = None,
+    callers: CallerBook | None = None,
 ) -> Flask:
     """Build the WSGI app for one model served by `backend`, running `task` on it.
 
@@ -127,7 +130,10 @@ def create_app(
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
     gates.add(app, gates.body_size(settings.server.max_body_bytes))
-    auth.install(app, settings.auth)
+    if callers is None:  # an app built in process: the callers of its settings (reads the keys file)
+        callers = caller_book_of(settings)
+    auth.install(app, callers, settings.auth.protect_metrics)
+    caller_gate.install(app, callers, settings.model.name, settings.model.aliases)
     admission.install(app, settings.limits.max_queue_ms)
     app.register_error_handler(OnnxpoolError, _handle_onnxpool_error)
     app.register_error_handler(HTTPException, _handle_http_exception)

@@ -87,6 +87,8 @@ def _record_request(state: RequestState, task: str, status: int, total: float) -
     model, endpoint = state.labels or ("", UNMATCHED)
     metrics.IN_FLIGHT.dec()
     metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown())
+    if state.caller is not None:
+        metrics.observe_caller(state.caller, model, status, total)
 
 
 def metric_labels(model_name: str, rule: str, asked: str | None, aliases: tuple[str, ...] = ()) -> tuple[str, str]:

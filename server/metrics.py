@@ -58,6 +58,18 @@ REQUEST_SECONDS = Histogram(
     ["model", "endpoint", "cache"],
     buckets=LATENCY_BUCKETS,
 )
+CALLER_REQUESTS = Counter(
+    "onnxpool_caller_requests",
+    "Requests answered by the workers, by caller (config/callers.py; `anonymous`: no known caller), model "
+    "and status (403: a model it may not use, 503: shed). Only when callers are told apart.",
+    ["caller", "model", "status"],
+)
+CALLER_REQUEST_SECONDS = Histogram(
+    "onnxpool_caller_request_duration_seconds",
+    "Whole request (queue wait included, as onnxpool_request_duration_seconds), by caller and model.",
+    ["caller", "model"],
+    buckets=LATENCY_BUCKETS,
+)
 PHASE_SECONDS = Histogram(
     "onnxpool_request_phase_seconds",
     "Time per request phase: queue (X-Request-Start to worker), decode (parse/preprocess), infer, encode.",
@@ -174,6 +186,12 @@ def observe_request(
     _child(REQUEST_SECONDS, (model, endpoint, cache)).observe(total)
     for name, seconds in phases.items():
         _child(PHASE_SECONDS, (model, endpoint, name)).observe(seconds)
+
+
+def observe_caller(caller: str, model: str, status: int, total: float) -> None:
+    """The same request, counted for its caller."""
+    _child(CALLER_REQUESTS, (caller, model, str(status))).inc()
+    _child(CALLER_REQUEST_SECONDS, (caller, model)).observe(total)
 
 
 def observe_batch(model: str, batch: int) -> None:

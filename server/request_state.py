@@ -40,6 +40,8 @@ class RequestState:
     """Bounded (model, endpoint) metric labels, set by whoever answers."""
     cache: str = NOT_LOOKED_UP
     """The `cache` metric label: hit, miss or none."""
+    caller: str | None = None
+    """The caller (config/callers.py) when callers are told apart: a bounded metric label."""
 
     @classmethod
     def of(cls, environ: WSGIEnvironment) -> RequestState:

@@ -33,6 +33,12 @@ class Unauthorized(OnnxpoolError):
     status = 401
 
 
+class Forbidden(OnnxpoolError):
+    """The caller is known but may not use this model (its `[caller.<name>] models`)."""
+
+    status = 403
+
+
 class NotFound(OnnxpoolError):
     """Unknown model, version or route (404)."""
 

@@ -25,7 +25,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from onnxpool.host.front_door import js_module
+from onnxpool.proxy import js_module
 from onnxpool.workers.run_folder import default_base
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, Server, children_of, clean_env, free_port, parse_cpu_list, proc_status, spawn_logged
@@ -96,7 +96,8 @@ PLAN_LINE = re.compile(
     r"(?P<threads>\d+) threads; cores (?P<cores>.+?); priority (?P<priority>.+)$",
     re.MULTILINE,
 )
-LISTENING = re.compile(r"Listening at: unix:\S+/pools/(?P<name>[^/\s]+)\.sock \((?P<pid>\d+)\)")
+# The pool's socket is the first address; callers' lanes (`<name>.<k>.sock`, workers/lanes.py) may follow.
+LISTENING = re.compile(r"Listening at: unix:\S+?/pools/(?P<name>[^/\s,]+)\.sock(?:,\S+)? \((?P<pid>\d+)\)")
 WORKER_READY = re.compile(r"worker ready: slot=(?P<slot>\d+) pid=(?P<pid>\d+)")
 
 

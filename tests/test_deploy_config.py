@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from onnxpool.cli import main
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.nginx import RENDERED_DEFAULT, render_site
-from onnxpool.config.settings import NginxSettings, ServerSettings, Settings
+from onnxpool.config.settings import AuthSettings, CallerSettings, NginxSettings, ServerSettings, Settings
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, clean_env
 
@@ -168,21 +169,41 @@ def test_relative_nginx_pidfile_is_refused() -> None:
 
 @pytest.mark.nginx
 @pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
-def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path) -> None:
-    """What `onnxpool nginx` writes (main configuration + the VM site) is one nginx accepts."""
+@pytest.mark.parametrize("callers", ["none", "by key, with quotas"])
+def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path, callers: str) -> None:
+    """What `onnxpool nginx` writes (main configuration + the VM site) is one nginx accepts; with callers
+    named by key too (its js module loaded, callers.js beside the site holding digests, never a key)."""
     from onnxpool import proxy
 
+    key = "sk-a-key-of-some-length"
     settings = Settings(
         server=ServerSettings(bind=f"unix:{tmp_path}/onnxpool.sock", graceful_timeout=12),
         nginx=NginxSettings(listen="127.0.0.1:1", access_log="/dev/stdout", pidfile=str(tmp_path / "n" / "nginx.pid")),
+        **(
+            {
+                "auth": AuthSettings(api_keys=(key,)),
+                "caller": {
+                    "key-" + sha256(key.encode()).hexdigest()[:8]: CallerSettings(rate=2.5, burst=3, concurrency=2)
+                },
+            }
+            if callers != "none"
+            else {}
+        ),
     )
-    main_conf = proxy.write_config(settings)
+    binary = nginx_binary()
+    assert binary is not None
+    main_conf = proxy.write_config(settings, binary)
     text = main_conf.read_text()
     assert f"pid {tmp_path}/n/nginx.pid;" in text and "worker_shutdown_timeout 12s;" in text
     assert f"include {tmp_path}/n/{proxy.SITE_FILE};" in text
     assert (tmp_path / "n" / "tmp" / "body").is_dir()
-    binary = nginx_binary()
-    assert binary is not None
+    site = (tmp_path / "n" / proxy.SITE_FILE).read_text()
+    if callers == "none":
+        assert "lane" not in site and not (tmp_path / "n" / "callers.js").exists()
+    else:
+        assert "ngx_http_js_module.so" in text and "rate=150r/m" in site and "limit_conn" in site
+        script = (tmp_path / "n" / "callers.js").read_text()
+        assert sha256(key.encode()).hexdigest() in script and key not in script + site
     result = subprocess.run(
         [binary, "-t", "-p", str(main_conf.parent), "-c", str(main_conf), "-e", "stderr"],
         capture_output=True,

@@ -198,7 +198,9 @@ def onnxpool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("monitored")
     # The INT8 demo: its build's target and this CPU's fit are labels of onnxpool_model_cpu_fit.
     settings = {"ONNXPOOL_CONFIG": INT8_CONFIG, "ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_LIMITS__MAX_QUEUE_MS": "250"}
-    server = start_server(tmp, settings, workers=2)
+    # Callers told apart by a header (none sent: every request is `anonymous`'s), for the Callers row.
+    settings |= {"ONNXPOOL_CALLERS__IDENTIFY": "header", "ONNXPOOL_CALLERS__LANES": "1"}
+    server = start_server(tmp, settings, workers=2, lanes=1)
     try:
         yield server
     finally:

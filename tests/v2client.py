@@ -169,7 +169,7 @@ class LoadRunner:
                             self.url, data=self.call.body, headers=self.call.headers, timeout=self.timeout
                         )
                     except requests.ConnectionError as exc:
-                        if not (self.retry_stale and _closed_as_sent(exc)):
+                        if not (self.retry_stale and closed_as_sent(exc)):
                             raise
                         with self._lock:
                             self.stats.stale += 1
@@ -187,7 +187,7 @@ class LoadRunner:
                     self.stats.marks.append((time.monotonic(), value))
 
 
-def _closed_as_sent(exc: requests.ConnectionError) -> bool:
+def closed_as_sent(exc: requests.ConnectionError) -> bool:
     """The connection was closed before any reply: reset or closed by the peer as the request went out
     ("Connection aborted"), not refused, not timed out, not cut in the middle of a reply."""
     return "Connection aborted" in str(exc) and ("RemoteDisconnected" in str(exc) or "reset by peer" in str(exc))

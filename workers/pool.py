@@ -17,10 +17,12 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from onnxpool.config.callers import CallerBook
 from onnxpool.config.loader import LoadedSettings
 from onnxpool.config.settings import Settings
 from onnxpool.workers.cores import Layout, SlotTable, cpu_allowance, plan_layout
 from onnxpool.workers.cpu_fit import CpuFit, ModelRecipe, check_fit, cpu_flags, made_for_this_cpu
+from onnxpool.workers.lanes import Board, Seats
 from onnxpool.workers.model_info import ModelInfo
 from onnxpool.workers.preflight import ModelError, preflight, probe_model
 from onnxpool.workers.run_folder import RunFolder
@@ -56,6 +58,16 @@ class Pool:
         self.run = run
         self.master_pid = os.getpid()
         self.slots = SlotTable(1)
+        # Made before the first fork, kept across HUPs: every generation's workers share one board.
+        self.seats = Seats(Board())
+        self._lanes: int | None = None
+
+    def lanes_bound(self, callers: CallerBook) -> int:
+        """Callers' lanes bound beside the pool's socket: the first generation's, for the master's life
+        (gunicorn would close the old workers' sockets at a HUP that changed its listeners)."""
+        if self._lanes is None:
+            self._lanes = callers.lane_count
+        return self._lanes
 
     def validate(self, loaded: LoadedSettings) -> Generation:
         """Check the model against the settings and plan the layout; raises ModelError.

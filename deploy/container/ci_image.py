@@ -416,11 +416,11 @@ def run_like_pod(tag: str, overlay: str) -> None:
 
 
 # What a several-model host (the zoo overlay) needs of the image besides nginx: nginx's js module, found
-# the way the host finds it (onnxpool.host.front_door.js_module), and the demo models at the path the zoo's
+# the way the host finds it (onnxpool.proxy.js_module), and the demo models at the path the zoo's
 # and scale-out's settings name (deploy/k8s/overlays/zoo/zoo.toml).
 SEVERAL_MODELS_CHECK = (
     "import sys; from pathlib import Path; "
-    "from onnxpool.host.front_door import js_module; from onnxpool.proxy import nginx_binary; "
+    "from onnxpool.proxy import js_module, nginx_binary; "
     "module = js_module(nginx_binary() or 'nginx'); print('js module:', module); "
     "files = [Path('/opt/onnxpool/models', m, 'model.onnx') for m in ('efficientnet-lite0', 'iris')]; "
     "missing = [str(f) for f in files if not f.is_file()]; print('demo models missing:', missing); "

@@ -1,0 +1,47 @@
+"""Who is calling: the request's caller, and the 403 for a model that caller may not use.
+
+With keys (`[callers] identify = "key"`) the auth gate has already named the caller from its key.
+Otherwise the caller is the value of `[callers] header` (set by the calling backend or a gateway),
+or the one nginx found for the client's address (`X-Onnxpool-Caller`: onnxpool's nginx always
+sets it, replacing a client's own). A name that is no known caller is `anonymous`, so the metric
+labels stay bounded. Nothing here when callers are not told apart: behaviour is as without it.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+from werkzeug.wrappers import Request
+
+from onnxpool.config.callers import ANONYMOUS, CALLER_HEADER, CallerBook
+from onnxpool.server import gates
+from onnxpool.server.auth import METRICS_PATH, OPEN_PREFIXES
+from onnxpool.server.gates import Gate
+from onnxpool.server.request_state import RequestState
+from onnxpool.tasks.errors import Forbidden
+
+
+def gate(book: CallerBook, model: str, aliases: tuple[str, ...]) -> Gate:
+    """The check (server.gates, after auth): name the caller; 403 when it may not use this model."""
+    header = CALLER_HEADER if book.settings.identify == "address" else book.settings.header
+
+    def check_caller(req: Request) -> None:
+        path = req.path
+        if path.startswith(OPEN_PREFIXES) or path == METRICS_PATH:
+            return
+        state = RequestState.of(req.environ)
+        name = state.caller if book.settings.identify == "key" else req.headers.get(header)
+        caller = book.get(name) if name else None
+        state.caller = caller.name if caller is not None else ANONYMOUS
+        if caller is not None and not caller.may_use(model, aliases):
+            raise Forbidden(
+                f"caller {caller.name} may not use model {model} (its [caller.{caller.name}] models: "
+                f"{', '.join(caller.settings.models)})"
+            )
+
+    return check_caller
+
+
+def install(app: Flask, book: CallerBook, model: str, aliases: tuple[str, ...]) -> None:
+    """Add the check to the app's gates when callers are told apart."""
+    if book.enabled:
+        gates.add(app, gate(book, model, aliases))

@@ -1,0 +1,90 @@
+"""The sync worker that takes its next request from the lane with the best claim (workers/lanes.py).
+
+gunicorn's own sync worker, with several listeners, accepts from every ready one in turn: the
+caller with the most connections waiting gets the most workers. This one accepts ONE connection
+per round, from the lane `lanes.choose` names, marks on the pool's board which lane it serves
+while it serves it, and may keep itself free for `hold` seconds for a caller below its share.
+The master sets `LANES_ATTRIBUTE` on the worker before it forks (launch/hooks.py); without it
+(callers not told apart) this is gunicorn's sync worker, unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+from typing import Any
+
+from gunicorn import util
+from gunicorn.workers.sync import StopWaiting, SyncWorker
+
+from onnxpool.workers.lanes import IDLE, Board, Choice, LanePlan, choose, clock
+
+LANES_ATTRIBUTE = "onnxpool_lanes"
+"""(Board, seat, LanePlan), set by the master in pre_fork."""
+_RETRY = (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK)
+
+
+class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
+    """gunicorn's sync worker, choosing between callers' lanes by fair share."""
+
+    def run(self) -> None:
+        lanes: tuple[Board, int, LanePlan] | None = getattr(self, LANES_ATTRIBUTE, None)
+        if lanes is None or len(self.sockets) < 2:
+            super().run()
+            return
+        board, seat, plan = lanes
+        for listener in self.sockets:
+            listener.setblocking(0)
+        lane_of = {listener: lane for lane, listener in enumerate(self.sockets)}
+        timeout = self.timeout or 0.5
+        while self.alive:
+            self.notify()
+            try:
+                ready = self.wait(timeout)
+            except StopWaiting:
+                return
+            if ready:
+                waiting = {lane_of[listener] for listener in ready if listener in lane_of}
+                self._serve_one(board, seat, plan, waiting)
+            if not self.is_parent_alive():
+                return
+
+    def _serve_one(self, board: Board, seat: int, plan: LanePlan, waiting: set[int]) -> None:
+        """Accept and serve one connection from the fairest of the `waiting` lanes (or none, if they emptied)."""
+        lanes = len(self.sockets)
+        while waiting and self.alive:
+            now = clock()
+            choice = choose(plan, waiting, board.busy(lanes, seat), board.answered, board.taken, now)
+            if choice.lane is None:
+                waiting |= self._wait_for_owed(choice, now)
+                continue
+            try:
+                client, address = self.sockets[choice.lane].accept()
+            except OSError as exc:
+                if exc.errno not in _RETRY:
+                    raise
+                waiting.discard(choice.lane)  # another worker took it
+                continue
+            board.serving[seat] = choice.lane
+            board.taken[choice.lane] = clock()
+            try:
+                client.setblocking(1)
+                util.close_on_exec(client)
+                self.handle(self.sockets[choice.lane], client, address)
+            finally:
+                board.serving[seat] = IDLE
+                board.answered[choice.lane] = clock()
+            return
+
+    def _wait_for_owed(self, choice: Choice, now: float) -> set[int]:
+        """Up to `choice.until`, for a connection on a lane owed a worker; the lanes that got one."""
+        self.notify()
+        watched: list[Any] = [self.sockets[lane] for lane in choice.owed]
+        try:
+            ready, _, _ = select.select([*watched, self.PIPE[0]], [], [], max(0.0, choice.until - now))
+        except InterruptedError:
+            return set()
+        if self.PIPE[0] in ready:
+            os.read(self.PIPE[0], 1)
+        return {lane for lane in choice.owed if self.sockets[lane] in ready}
