@@ -33,7 +33,7 @@ if _server.control_socket:
 proc_name = f"onnxpool[{_serving.settings.model.name}]"
 logconfig_dict = logs.logconfig_dict(_serving.settings.logging)
 loglevel = _serving.settings.logging.level
-access_log_format = logs.ACCESS_FORMAT
+access_log_format = logs.ACCESS_FORMAT + (logs.ACCESS_CALLER if _serving.callers.enabled else "")
 logger_class = f"{logs.__name__}.GunicornLogger"
 
 

@@ -21,6 +21,8 @@ from onnxpool.server.request_id import RequestIdLogFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 ACCESS_FORMAT = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s'
+ACCESS_CALLER = " caller=%({x-onnxpool-caller}i)s"
+"""Added when callers are told apart: the caller onnxpool's nginx found ("" none, "-" not through it)."""
 ACCESS_LOGGER = "gunicorn.access"
 
 
@@ -51,6 +53,7 @@ def _access_fields(atoms: Mapping[str, Any]) -> dict[str, Any]:
         "duration_ms": round(atoms["D"] / 1000, 3) if isinstance(atoms.get("D"), int) else None,
         "user_agent": atoms.get("a"),
         "request_id": atoms.get("{x-request-id}o"),
+        "caller": atoms.get("{x-onnxpool-caller}i") or None,
     }
 
 

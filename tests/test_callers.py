@@ -27,13 +27,20 @@ from pathlib import Path
 import pytest
 import requests
 
-from onnxpool.config.callers import ANONYMOUS, caller_book, caller_book_of, lane_addresses, read_keys_file
+from onnxpool.config.callers import (
+    ANONYMOUS,
+    caller_book,
+    caller_book_of,
+    key_digest,
+    lane_addresses,
+    read_keys_file,
+)
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.nginx import RENDERED_DEFAULT, render_site
 from onnxpool.config.settings import CallerSettings, CallersSettings, Settings
 from onnxpool.measure.servers import wait_http_ok
 from onnxpool.workers.lanes import Choice, LanePlan, choose
-from tests.harness import clean_env, free_port, port_with_free_lanes, spawn_logged
+from tests.harness import clean_env, free_port, port_with_free_lanes, running_server, spawn_logged
 from tests.host_harness import (
     NGINX,
     Host,
@@ -233,7 +240,9 @@ class TestHostCallers:
         log = Path(keyed_host.config.parent / "access.log").read_text(encoding="utf-8")
         assert " caller=steady" in log and " caller=limited" in log and f" caller={unnamed_caller}" in log
         assert " caller=anonymous" in log  # the 401 without a key
-        everything = log + text + keyed_host.log()
+        pools = keyed_host.log()  # the pools' access lines: the caller nginx found
+        assert re.search(r'"POST /v2/models/slow/infer HTTP/1.1" 200 \d+ \d+ms rid=\w+ caller=steady', pools)
+        everything = log + text + pools
         assert not [key for key in (*KEYS.values(), UNNAMED_KEY) if key in everything]
 
 
@@ -309,6 +318,21 @@ def test_one_model_behind_onnxpool_nginx_keeps_callers_named_by_a_header_apart(t
         posed = requests.post(f"{url}/v2/models/slow/infer", json=infer_body(0), timeout=10,
                               headers={"X-Team": "other", "X-Onnxpool-Caller": "steady"})  # fmt: skip
         assert posed.status_code == 403
+        # A quota added by HUP: `onnxpool nginx` writes its files again before it passes the HUP on.
+        config.write_text(config.read_text().replace("[caller.steady]\n", "[caller.steady]\nrate = 1\n"))
+        for process in (serve, nginx):
+            process.send_signal(signal.SIGHUP)
+        site = tmp_path / "nginx" / "onnxpool-site.conf"
+        deadline = time.monotonic() + 30
+        while "limit_req zone" not in site.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # nginx's new workers
+        replies = [
+            requests.post(f"{url}/v2/models/slow/infer", json=infer_body(0), headers={"X-Team": "steady"}, timeout=10)
+            for _ in range(3)
+        ]
+        assert [reply.status_code for reply in replies] == [200, 429, 429], [reply.text for reply in replies]
+        assert replies[1].headers["Retry-After"] == "1"
     finally:
         for process in (nginx, serve):
             process.send_signal(signal.SIGTERM)
@@ -320,6 +344,29 @@ def test_one_model_behind_onnxpool_nginx_keeps_callers_named_by_a_header_apart(t
 
 
 # --- no callers: exactly as before -------------------------------------------------------------------
+
+
+def test_without_keys_or_a_caller_header_a_server_binds_one_socket_for_gunicorns_sync_workers(tmp_path: Path) -> None:
+    with running_server(tmp_path, workers=2) as server:
+        log = server.log()
+    assert f"Listening at: http://{server.bind} (" in log and "Using worker: sync" in log
+    assert "caller" not in log
+
+
+def test_nginx_config_writes_callers_js_beside_the_site_and_never_a_key(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"checkout {KEYS['steady']}\n", encoding="utf-8")
+    config = tmp_path / "vm.toml"
+    config.write_text(f'[auth]\napi_keys_file = "{keys}"\n[caller.checkout]\nrate = 5\n', encoding="utf-8")
+    command = [sys.executable, "-m", "onnxpool.cli", "nginx-config", "--config", str(config)]
+    to_stdout = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert to_stdout.returncode == 1 and "write it with -o FILE" in to_stdout.stderr
+    written = subprocess.run([*command, "-o", str(tmp_path / "site.conf")], capture_output=True, text=True, check=False)
+    assert written.returncode == 0, written.stderr
+    site, script = (tmp_path / "site.conf").read_text(), (tmp_path / "callers.js").read_text()
+    assert f"js_import onnxpool_callers from {tmp_path / 'callers.js'};" in site and "_lane1" in site
+    assert "limit_req zone=onnxpool_rate_checkout_1;" in site
+    assert key_digest(KEYS["steady"]).hex() in script and KEYS["steady"] not in site + script
 
 
 def test_without_keys_or_a_caller_header_nothing_of_callers_is_rendered_or_bound() -> None:
