@@ -179,17 +179,11 @@ def test_pod_nginx_configuration_passes_nginx_t(tmp_path: Path, callers: str) ->
     settings = Settings(
         server=ServerSettings(bind=f"unix:{tmp_path}/onnxpool.sock", graceful_timeout=12),
         nginx=NginxSettings(listen="127.0.0.1:1", access_log="/dev/stdout", pidfile=str(tmp_path / "n" / "nginx.pid")),
-        **(
-            {
-                "auth": AuthSettings(api_keys=(key,)),
-                "caller": {
-                    "key-" + sha256(key.encode()).hexdigest()[:8]: CallerSettings(rate=2.5, burst=3, concurrency=2)
-                },
-            }
-            if callers != "none"
-            else {}
-        ),
     )
+    if callers != "none":
+        quota = CallerSettings(rate=2.5, burst=3, concurrency=2)
+        caller = {"key-" + sha256(key.encode()).hexdigest()[:8]: quota}
+        settings = settings.model_copy(update={"auth": AuthSettings(api_keys=(key,)), "caller": caller})
     binary = nginx_binary()
     assert binary is not None
     main_conf = proxy.write_config(settings, binary)
