@@ -86,7 +86,7 @@ class Caller:
 
     name: str
     lane: int
-    """1..[callers] lanes: its socket beside the pool's."""
+    """1..[callers] lanes: its socket beside the pool's (0: no lanes, the pool's own socket)."""
     settings: CallerSettings
 
     def may_use(self, model: str, aliases: tuple[str, ...] = ()) -> bool:
@@ -100,6 +100,8 @@ class CallerBook:
 
     settings: CallersSettings
     """`[callers]`: how a caller is known, the lanes, the hold."""
+    lanes: int
+    """[callers] lanes for the bind served ("auto" resolved)."""
     callers: tuple[Caller, ...]
     digests: tuple[tuple[bytes, str], ...]
     """identify = "key": (SHA-256 of a key, its caller) for every configured key."""
@@ -112,7 +114,7 @@ class CallerBook:
     @property
     def lane_count(self) -> int:
         """Lanes beside the pool's socket (0 when callers are not told apart)."""
-        return self.settings.lanes if self.enabled else 0
+        return self.lanes if self.enabled else 0
 
     def get(self, name: str) -> Caller | None:
         return self._by_name.get(name)
@@ -139,13 +141,25 @@ class CallerBook:
         return tuple(weight or 1 for weight in weights)
 
 
+AUTO_LANES = 8
+"""[callers] lanes = "auto" on a unix socket (a TCP bind takes no port unasked)."""
+
+
+def lanes_for(callers: CallersSettings, bind: str) -> int:
+    if callers.lanes == "auto":
+        return AUTO_LANES if bind.startswith("unix:") else 0
+    return callers.lanes
+
+
 def caller_book(
     callers: CallersSettings,
     tables: dict[str, CallerSettings],
     api_keys: tuple[str, ...],
     keys_file: Path | None,
+    bind: str = "unix:",
 ) -> CallerBook:
-    """The callers of these settings (reads the keys file); ConfigError names a mistake."""
+    """The callers of these settings (reads the keys file), for a server on `bind`; ConfigError names a
+    mistake."""
     keyed: list[tuple[str | None, str]] = [(None, key) for key in api_keys]
     if keys_file is not None:
         keyed.extend(read_keys_file(keys_file))
@@ -169,15 +183,21 @@ def caller_book(
         if name == ANONYMOUS:
             raise ConfigError(f"[caller.{ANONYMOUS}] is the name of requests from no known caller")
     # Lanes in name order, wrapping: the same file gives every process the same lanes.
-    ordered = sorted(names)
+    lanes = lanes_for(callers, bind)
     known = tuple(
-        Caller(name, 1 + index % callers.lanes, tables.get(name, CallerSettings()))
-        for index, name in enumerate(ordered)
+        Caller(name, 1 + index % lanes if lanes else 0, tables.get(name, CallerSettings()))
+        for index, name in enumerate(sorted(names))
     )
-    return CallerBook(callers, known, tuple(digests.items()) if callers.identify == "key" else ())
+    return CallerBook(callers, lanes, known, tuple(digests.items()) if callers.identify == "key" else ())
 
 
-def caller_book_of(settings: Settings) -> CallerBook:
-    """The callers of a whole settings object ([callers], [caller.*], [auth] keys)."""
+POOLS_BIND = "unix:"
+"""What a several-models host's front door renders lanes for: its pools' unix sockets."""
+
+
+def caller_book_of(settings: Settings, bind: str | None = None) -> CallerBook:
+    """The callers of a whole settings object ([callers], [caller.*], [auth] keys), for a server on `bind`
+    (default [server] bind)."""
     auth = settings.auth
-    return caller_book(settings.callers, settings.caller, auth.api_keys, auth.api_keys_file)
+    bind = settings.server.bind if bind is None else bind
+    return caller_book(settings.callers, settings.caller, auth.api_keys, auth.api_keys_file, bind)

@@ -82,7 +82,7 @@ def http_block(book: CallerBook, script: str | None, model: str) -> str:
         f"map $onnxpool_caller_found {LANE_VARIABLE} {{",
         '    default "";',
     ]
-    lines += [f"    {caller.name} _lane{caller.lane};" for caller in book.callers]
+    lines += [f"    {caller.name} _lane{caller.lane};" for caller in book.callers if caller.lane]
     lines += ["}", "map $onnxpool_caller_found $onnxpool_retry_after {", "    default 1;"]
     lines += [f"    {caller.name} {retry_after(caller)};" for caller in book.callers if caller.settings.rate]
     lines.append("}")

@@ -424,9 +424,18 @@ class CallersSettings(Section):
     header: str = "X-Caller"
     """identify = "header": the request header naming the caller."""
 
-    lanes: int = Field(default=8, ge=1, le=64)
-    """Sockets per model for named callers (beside its own); callers beyond this share lanes.
-    A TCP bind PORT adds PORT+1..PORT+lanes; a unix `x.sock` adds `x.1.sock`..."""
+    lanes: int | Auto = "auto"
+    """Sockets per model for callers, beside its own (callers beyond them share lanes): a unix
+    `x.sock` adds `x.1.sock`..., a TCP bind PORT adds PORT+1..PORT+lanes. "auto": 8 on a unix
+    socket, none on a TCP port (no port is taken unasked: set it to share a model fairly there;
+    callers are still named, counted, held to quotas and models). 0 = none."""
+
+    @field_validator("lanes")
+    @classmethod
+    def _lane_count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= 64:
+            raise ValueError('must be 0..64 or "auto"')
+        return value
 
     hold_ms: float = Field(default=3.0, ge=0, le=100)
     """How long a free worker keeps itself for a caller below its share that has just been

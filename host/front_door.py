@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxpool.config.callers import CallerBook, caller_book_of
+from onnxpool.config.callers import POOLS_BIND, CallerBook, caller_book_of
 from onnxpool.config.loader import ConfigError, LoadedSettings
 from onnxpool.config.nginx import SiteTemplate, laned_upstreams, proxy_block, render_main, render_site
 from onnxpool.config.settings import Settings
@@ -161,7 +161,7 @@ def render_host_site(
 def front_door_callers(settings: Settings) -> CallerBook:
     """The callers the front door keeps apart (reads the keys file); FrontDoorError names a mistake."""
     try:
-        return caller_book_of(settings)
+        return caller_book_of(settings, POOLS_BIND)  # lanes beside the pools' sockets, not nginx's own bind
     except ConfigError as exc:
         raise FrontDoorError(str(exc)) from None
 

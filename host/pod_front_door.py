@@ -16,10 +16,12 @@ not: its container is gone; busy workers never fail this, the listen queue takes
 that is not READY gets one probe of its pool's /v2/health/ready. Each model's state (READY, LOADING,
 UNAVAILABLE with its pool's last error line) goes to host.json for the routes. nginx routes a model
 from its first READY on (a restart then costs its own requests a 502/503, never a reload), and is
-re-rendered (a HUP: its old workers finish what they hold) when the routable models change.
+re-rendered (a HUP: its old workers finish what they hold) when the routable models change, or
+when a HUP of this process read a file whose callers or quotas changed (config/nginx_callers.py).
 
 Process rules: this process is the container's pid 1 and nginx its only child. SIGTERM (the
-kubelet, after preStop) becomes nginx's graceful QUIT; HUP and USR1 are passed on; the exit
+kubelet, after preStop) becomes nginx's graceful QUIT; HUP reads the settings file again (nginx is
+HUPped only if its files changed); USR1 is passed on; the exit
 status is nginx's. nginx exiting on its own ends this process too (the kubelet restarts the
 container). The models' containers wait for nginx's pid file to go before they stop serving
 ([nginx] pidfile names it), as the one-model pod's onnxpool container does.

@@ -10,8 +10,9 @@ Process rules (why this is a wrapper and not an exec):
   shutdown (connections cut). This process stays as the container's pid 1 and
   turns SIGTERM into SIGQUIT, nginx's graceful one: stop accepting, finish every
   request in flight (including bodies still arriving), then exit. SIGINT stays a
-  fast stop; HUP (nginx re-reads the files written at start: settings are not
-  rendered again), USR1 (reopen logs) and QUIT are passed on.
+  fast stop; HUP first writes the files again from the settings file read anew
+  (a changed caller or quota; a file that does not load is refused and nginx
+  keeps its files), then is passed on; USR1 (reopen logs) and QUIT are passed on.
 - nginx deletes its pid file when its master exits; the onnxpool master in the
   same pod waits for that on its own SIGTERM (launch/drain.py), so gunicorn keeps
   serving until nginx has nothing left to send it.

@@ -357,14 +357,19 @@ def test_nginx_config_writes_callers_js_beside_the_site_and_never_a_key(tmp_path
     keys = tmp_path / "keys"
     keys.write_text(f"checkout {KEYS['steady']}\n", encoding="utf-8")
     config = tmp_path / "vm.toml"
-    config.write_text(f'[auth]\napi_keys_file = "{keys}"\n[caller.checkout]\nrate = 5\n', encoding="utf-8")
+    config.write_text(
+        f'[server]\nbind = "unix:/run/onnxpool/onnxpool.sock"\n[auth]\napi_keys_file = "{keys}"\n'
+        "[caller.checkout]\nrate = 5\n",
+        encoding="utf-8",
+    )
     command = [sys.executable, "-m", "onnxpool.cli", "nginx-config", "--config", str(config)]
     to_stdout = subprocess.run(command, capture_output=True, text=True, check=False)
     assert to_stdout.returncode == 1 and "write it with -o FILE" in to_stdout.stderr
     written = subprocess.run([*command, "-o", str(tmp_path / "site.conf")], capture_output=True, text=True, check=False)
     assert written.returncode == 0, written.stderr
     site, script = (tmp_path / "site.conf").read_text(), (tmp_path / "callers.js").read_text()
-    assert f"js_import onnxpool_callers from {tmp_path / 'callers.js'};" in site and "_lane1" in site
+    assert f"js_import onnxpool_callers from {tmp_path / 'callers.js'};" in site
+    assert "server unix:/run/onnxpool/onnxpool.1.sock " in site and "checkout _lane1;" in site  # lanes: "auto"
     assert "limit_req zone=onnxpool_rate_checkout_1;" in site
     assert key_digest(KEYS["steady"]).hex() in script and KEYS["steady"] not in site + script
 
@@ -394,6 +399,14 @@ def test_keys_name_callers_and_each_unnamed_key_is_a_caller_of_its_own(tmp_path:
     keys.write_text("a b c\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"line 1: a line is `<key>` or `<caller> <key>`"):
         read_keys_file(keys)
+
+
+def test_auto_lanes_take_no_tcp_port_unasked() -> None:
+    tcp, unix = (
+        caller_book(CallersSettings(), {}, (KEYS["steady"],), None, bind) for bind in ("127.0.0.1:8000", "unix:/x.sock")
+    )
+    assert (tcp.lane_count, tcp.callers[0].lane) == (0, 0) and (unix.lane_count, unix.callers[0].lane) == (8, 1)
+    assert caller_book(CallersSettings(lanes=2), {}, (KEYS["steady"],), None, "127.0.0.1:8000").lane_count == 2
 
 
 def test_lane_addresses_sit_beside_the_bind() -> None:
