@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from onnxpool.config.loader import ConfigError
@@ -119,8 +120,8 @@ class CallerBook:
     def get(self, name: str) -> Caller | None:
         return self._by_name.get(name)
 
-    @property
-    def _by_name(self) -> dict[str, Caller]:
+    @cached_property
+    def _by_name(self) -> dict[str, Caller]:  # once per book: `get` runs on every request
         return {caller.name: caller for caller in self.callers}
 
     def caller_of_key(self, presented: str) -> str | None:

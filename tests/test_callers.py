@@ -12,6 +12,7 @@ pure logic at the end.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import signal
@@ -22,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,11 @@ class CallerLoop:
         return self.statuses[200]
 
 
+def _replaced(host: Host, killed: int) -> bool:
+    workers = host.workers("slow")
+    return len(workers) == 2 and killed not in workers
+
+
 def slow_url(host_url: str) -> str:
     return f"{host_url}/v2/models/slow/infer"
 
@@ -178,6 +185,46 @@ class TestHostCallers:
         # Work-conserving: the flood alone has both workers, twice what one caller on one connection gets.
         assert flood_alone >= 1.5 * alone, (flood_alone, alone)
         assert flood.errors == [] and set(flood.statuses) == {200}, flood.statuses
+
+    def test_kill_9_of_the_workers_mid_request_leaves_the_shares_whole(self, keyed_host: Host) -> None:
+        """Each slow worker killed while it serves (a flood and a steady caller loop on slow, a client on iris):
+        iris loses nothing; slow loses at most the requests the killed workers held; the replacements choose
+        by lane like the dead (the seat a dead worker held on the board is its replacement's), so afterwards
+        the flood alone has both workers again and the steady caller keeps its share."""
+        url = slow_url(keyed_host.url)
+        iris_ok = {"ok": 0, "failed": 0}
+        stop = threading.Event()
+
+        def loop_on_iris() -> None:
+            while not stop.is_set():
+                reply = requests.post(f"{keyed_host.url}/v1/models/iris:predict", headers=auth("irisonly"),
+                                      json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30)  # fmt: skip
+                iris_ok["ok" if reply.status_code == 200 else "failed"] += 1
+
+        iris = threading.Thread(target=loop_on_iris, daemon=True)
+        iris.start()
+        try:
+            with CallerLoop(url, auth("flood"), connections=6) as flood, CallerLoop(url, auth("steady")) as steady:
+                time.sleep(1.0)
+                for pid in list(keyed_host.workers("slow")):
+                    os.kill(pid, signal.SIGKILL)  # a worker of our own host, by pid, busy with a request
+                    keyed_host.wait_for("its replacement", partial(_replaced, keyed_host, pid))
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            iris.join(30)
+        lost = len(flood.errors) + len(steady.errors) + flood.statuses[503] + steady.statuses[503]
+        assert lost <= 2 and flood.answers > 0 and steady.answers > 0, (flood.statuses, steady.statuses, lost)
+        assert iris_ok["failed"] == 0 and iris_ok["ok"] > 20, iris_ok
+        with CallerLoop(url, auth("steady")) as alone:
+            (steady_alone,) = answers_in(2.0, alone)
+        with CallerLoop(url, auth("flood"), connections=6) as flood:
+            (flood_alone,) = answers_in(2.0, flood)
+            with CallerLoop(url, auth("steady")) as steady:
+                time.sleep(0.5)
+                steady_share, flood_share = answers_in(3.0, steady, flood)
+        assert flood_alone >= 1.5 * steady_alone, (flood_alone, steady_alone)  # no seat left marked busy
+        assert steady_share >= 0.25 * (steady_share + flood_share), (steady_share, flood_share)
 
     def test_a_rate_quota_answers_429_with_retry_after_in_each_apis_shape(self, keyed_host: Host) -> None:
         headers = auth("limited")
