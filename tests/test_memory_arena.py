@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnxpool.workers import session as session_module
 from onnxpool.workers.memory import MB, anonymous_bytes
 from onnxpool.workers.session import ArenaMode, SessionRuntime
 
@@ -87,3 +88,24 @@ def test_release_gives_back_after_every_run(tmp_path: Path) -> None:
     runtime.give_back()
     assert anonymous_bytes() < before + 16 * MB
     assert runtime.describe_arena() == "released after each run"
+
+
+def test_a_reply_that_ran_nothing_is_not_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shed 503 or a 4xx ran no inference: post_request's give_back skips the statm read."""
+    runtime = loaded(tmp_path / "m.onnx", "auto")
+    reads: list[int] = []
+
+    def counted() -> int:
+        reads.append(1)
+        return anonymous_bytes()
+
+    monkeypatch.setattr(session_module, "anonymous_bytes", counted)
+    runtime.infer(SMALL)
+    runtime.give_back()
+    assert len(reads) == 1
+    for _ in range(3):  # replies without a run
+        runtime.give_back()
+    assert len(reads) == 1
+    runtime.infer(SMALL)
+    runtime.give_back()
+    assert len(reads) == 2
