@@ -15,8 +15,8 @@ so each one is computed) and `max_queue_ms = 250` for both models (`[models.<nam
   callers  this checkout, the same file plus a `[callers]` section naming the callers by their
            `X-Caller` header (steady, flood).
 For each route (`/predict` with the cat photo on the image model, then `/v1/embeddings` on
-MiniLM, one sentence per request cycling through benchmarks.text_sentences) and each side, after
-a warm-up, `--duration` seconds per phase:
+MiniLM, one sentence per request cycling through benchmarks.text_sentences in a fixed shuffled
+order, `mixed_sentences`) and each side, after a warm-up, `--duration` seconds per phase:
   1. steady alone: ONE connection in a closed loop (its next request as soon as the reply
      arrives; onnxpool.measure.loadgen), header `X-Caller: steady`, answers counted by status;
   2. the same steady caller while wrk (`wrk -t1 -c16`, header `X-Caller: flood`) floods the SAME
@@ -26,7 +26,8 @@ The sides are measured phase by phase, alternating (the order flips every phase,
 benchmarks.zoo_ab), so the machine's drift falls on both; both hosts stay up (an idle worker
 uses no CPU). Reported per phase: the steady caller's answers (200s) and answers/s and their
 ratio to steady alone, its p50/p99 latency and the p99's ratio to alone, its shed (503) and
-other errors; the flood's answers/s (2xx), its 503s and 429s; the total answers/s (steady +
+other errors; the flood's answers/s (2xx), its 503s and 429s, its tokens per answer on
+/v1/embeddings (the work an answer stood for); the total answers/s (steady +
 flood 2xx) and, for callers, its ratio to today's at the same flood.
 Targets (issue 37), for the steady caller under either flood: >= 0.9x its answers/s alone,
 p99 <= 2x its p99 alone, nothing shed (0 503s, no other error); and the host's total answers/s
@@ -42,6 +43,7 @@ import argparse
 import dataclasses
 import math
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -68,6 +70,8 @@ from onnxpool.measure.paths import CAT_JPEG
 from onnxpool.measure.payloads import BYPASS_CACHE, PreparedRequest, predict_request
 
 SIDES = ("today", "callers")
+MIX_SEED = 37
+"""The order both callers send the sentences in (see `mixed_sentences`)."""
 MAX_QUEUE_MS = 250
 STEADY = {"X-Caller": "steady", **BYPASS_CACHE}
 FLOOD_TAIL_S = 2.0
@@ -108,7 +112,8 @@ end
 """
 
 COUNTING_LUA = """\
--- The flood's caller, and its answers counted by status, printed when done (benchmarks/callers.py)
+-- The flood's caller, and its answers counted by status, printed when done (benchmarks/callers.py);
+-- on /v1/embeddings also the work answered: the sum of the 200s' usage.prompt_tokens
 wrk.headers["X-Caller"] = "flood"
 local threads = {}
 function setup(thread)
@@ -116,15 +121,20 @@ function setup(thread)
 end
 function init(args)
   statuses = {}
+  tokens = 0
 end
 function response(status, headers, body)
   statuses[status] = (statuses[status] or 0) + 1
+  if status == 200 then
+    tokens = tokens + (tonumber(string.match(body, '"prompt_tokens":%s*(%d+)')) or 0)
+  end
 end
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("callers: seconds %.6f\\n", summary.duration / 1e6))
   io.write(string.format("callers: socket-errors %d\\n", e.connect + e.read + e.write + e.timeout))
   for _, thread in ipairs(threads) do
+    io.write(string.format("callers: tokens %d\\n", thread:get("tokens")))
     for status, count in pairs(thread:get("statuses")) do
       io.write(string.format("callers: status %d %d\\n", status, count))
     end
@@ -151,8 +161,23 @@ def steady_predict() -> Workload:
     return with_headers(predict_request(CAT_JPEG, 1), STEADY)
 
 
+def mixed_sentences() -> list[str]:
+    """benchmarks.text_sentences in a fixed shuffled order, for both the steady caller and the flood.
+
+    The list keeps its long texts together (80 to 400 words at positions 182-195). A flood that
+    sends it in order has a run of long requests in the queue at once: each waits behind the one
+    before it, so the queue deadline sheds them together and the flood is answered mostly on its
+    short texts (29-31 tokens per answer against 35 in the list, measured with `flood tok/ans`),
+    while the steady caller, never shed, is answered on all of them. Answers per second would then
+    count different work on the two sides. Shuffled, the long texts are spread out and shedding
+    takes short and long alike.
+    """
+    texts = sentences()
+    return random.Random(MIX_SEED).sample(texts, len(texts))
+
+
 def steady_embeddings() -> Workload:
-    cycle = workload(sentences(), 1)
+    cycle = workload(mixed_sentences(), 1)
     return RequestCycle(tuple(with_headers(request, STEADY) for request in cycle.requests))
 
 
@@ -170,17 +195,27 @@ class Flood:
     statuses: dict[int, int]
     non_2xx: int
     socket_errors: int
+    tokens: int = 0
+    """The 200s' usage.prompt_tokens summed (/v1/embeddings; 0 elsewhere)."""
+
+    @property
+    def answered(self) -> int:
+        return sum(count for status, count in self.statuses.items() if 200 <= status < 300)
 
     @property
     def answers_per_s(self) -> float:
-        answered = sum(count for status, count in self.statuses.items() if 200 <= status < 300)
-        return answered / self.seconds if self.seconds > 0 else 0.0
+        return self.answered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_answer(self) -> float:
+        return self.tokens / self.answered if self.tokens and self.answered else math.nan
 
 
 def parse_flood(stdout: str) -> Flood:
     """wrk's output with COUNTING_LUA's lines: the run's seconds, the answers by status, the errors."""
     seconds = re.search(r"^callers: seconds ([\d.]+)$", stdout, re.MULTILINE)
     sockets = re.search(r"^callers: socket-errors (\d+)$", stdout, re.MULTILINE)
+    tokens = sum(int(count) for count in re.findall(r"^callers: tokens (\d+)$", stdout, re.MULTILINE))
     if seconds is None or sockets is None:
         raise RuntimeError(f"wrk printed no counts:\n{stdout}")
     statuses: Counter[int] = Counter()
@@ -189,7 +224,7 @@ def parse_flood(stdout: str) -> Flood:
     # wrk's own count of the answers it calls failed (>= 400), beside the lua script's by status
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", stdout)
     return Flood(
-        float(seconds.group(1)), dict(statuses), int(non_2xx.group(1)) if non_2xx else 0, int(sockets.group(1))
+        float(seconds.group(1)), dict(statuses), int(non_2xx.group(1)) if non_2xx else 0, int(sockets.group(1)), tokens
     )
 
 
@@ -199,7 +234,7 @@ def run_flood(url: str, route: Route, connections: int, seconds: float, folder: 
     script.write_text(route.flood_lua, encoding="utf-8")
     bodies = folder / "embeddings-bodies.txt"
     if not bodies.is_file():
-        bodies.write_bytes(b"\n".join(request_body([text]) for text in sentences()) + b"\n")
+        bodies.write_bytes(b"\n".join(request_body([text]) for text in mixed_sentences()) + b"\n")
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{math.ceil(seconds)}s", "--timeout", "10s"]
     argv += ["-s", str(script), url + route.path]
     env = {**os.environ, "ISOLATION_IMAGE": str(CAT_JPEG), "CALLERS_BODIES": str(bodies)}
@@ -226,6 +261,8 @@ class Phase:
     flood_503: int
     flood_429: int
     flood_errors: int
+    flood_tokens_per_answer: float
+    """/v1/embeddings: the flood's answered work per answer (usage.prompt_tokens); nan on /predict."""
     total_per_s: float
 
 
@@ -264,6 +301,7 @@ def measure_phase(
         flood_503=flood.statuses.get(503, 0),
         flood_429=flood.statuses.get(429, 0),
         flood_errors=flood.non_2xx - flood.statuses.get(503, 0) - flood.statuses.get(429, 0) + flood.socket_errors,
+        flood_tokens_per_answer=round(flood.tokens_per_answer, 1),
         total_per_s=round(step.throughput + flood.answers_per_s, 2),
     )
     what = f"flood {connections} conns" if connections else "alone"
@@ -273,7 +311,7 @@ def measure_phase(
         f"p50 {phase.steady_p50_ms:.1f} p99 {phase.steady_p99_ms:.1f} ms, shed {shed}{kinds}"
         + (
             f"; flood {phase.flood_per_s:.1f}/s, 503 {phase.flood_503}, 429 {phase.flood_429}, "
-            f"other {phase.flood_errors}; total {phase.total_per_s:.1f}/s"
+            f"other {phase.flood_errors}{tokens_text(phase)}; total {phase.total_per_s:.1f}/s"
             if connections
             else ""
         ),
@@ -281,6 +319,10 @@ def measure_phase(
         flush=True,
     )
     return phase
+
+
+def tokens_text(phase: Phase) -> str:
+    return "" if math.isnan(phase.flood_tokens_per_answer) else f", {phase.flood_tokens_per_answer:.1f} tok/ans"
 
 
 def settings_file(folder: Path, callers: bool, hold_ms: float = 3.0) -> Path:
@@ -323,8 +365,8 @@ def table(route: str, phases: list[Phase]) -> str:
     lines = [
         f"### {route}",
         "| side | flood conns | steady ans/s | vs alone | steady p50 ms | steady p99 ms | vs alone | steady shed"
-        " | flood ans/s | flood 503 / 429 | total ans/s | total vs today |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | flood ans/s | flood 503 / 429 | flood tok/ans | total ans/s | total vs today |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for phase in (p for p in phases if p.route == route):
         alone = alone_of(phase, phases)
@@ -335,7 +377,12 @@ def table(route: str, phases: list[Phase]) -> str:
             f"| {phase.side} | {phase.flood_connections if flooded else 'alone'} | {phase.steady_per_s:.1f} | "
             f"{ratio(phase.steady_per_s, alone.steady_per_s):.2f}x | {phase.steady_p50_ms:.1f} | "
             f"{phase.steady_p99_ms:.1f} | {ratio(phase.steady_p99_ms, alone.steady_p99_ms):.2f}x | {shed} | "
-            + (f"{phase.flood_per_s:.1f} | {phase.flood_503} / {phase.flood_429} | " if flooded else "- | - | ")
+            + (
+                f"{phase.flood_per_s:.1f} | {phase.flood_503} / {phase.flood_429} | "
+                f"{'-' if math.isnan(phase.flood_tokens_per_answer) else phase.flood_tokens_per_answer} | "
+                if flooded
+                else "- | - | - | "
+            )
             + f"{phase.total_per_s:.1f} | "
             + (f"{ratio(phase.total_per_s, today.total_per_s):.2f}x |" if today and phase.side != "today" else "- |")
         )
