@@ -167,7 +167,7 @@ def mixed_sentences() -> list[str]:
     The list keeps its long texts together (80 to 400 words at positions 182-195). A flood that
     sends it in order has a run of long requests in the queue at once: each waits behind the one
     before it, so the queue deadline sheds them together and the flood is answered mostly on its
-    short texts (29-31 tokens per answer against 35 in the list, measured with `flood tok/ans`),
+    short texts (29-31 prompt tokens per answer in `flood tok/ans`, about 41 once shuffled),
     while the steady caller, never shed, is answered on all of them. Answers per second would then
     count different work on the two sides. Shuffled, the long texts are spread out and shedding
     takes short and long alike.
@@ -321,8 +321,9 @@ def measure_phase(
     return phase
 
 
-def tokens_text(phase: Phase) -> str:
-    return "" if math.isnan(phase.flood_tokens_per_answer) else f", {phase.flood_tokens_per_answer:.1f} tok/ans"
+def tokens_text(phase: Phase, missing: str = "", form: str = ", {:.1f} tok/ans") -> str:
+    """The flood's tokens per answer as `form` puts it, or `missing` where none were counted (/predict)."""
+    return missing if math.isnan(phase.flood_tokens_per_answer) else form.format(phase.flood_tokens_per_answer)
 
 
 def settings_file(folder: Path, callers: bool, hold_ms: float = 3.0) -> Path:
@@ -379,7 +380,7 @@ def table(route: str, phases: list[Phase]) -> str:
             f"{phase.steady_p99_ms:.1f} | {ratio(phase.steady_p99_ms, alone.steady_p99_ms):.2f}x | {shed} | "
             + (
                 f"{phase.flood_per_s:.1f} | {phase.flood_503} / {phase.flood_429} | "
-                f"{'-' if math.isnan(phase.flood_tokens_per_answer) else phase.flood_tokens_per_answer} | "
+                f"{tokens_text(phase, '-', '{:.1f}')} | "
                 if flooded
                 else "- | - | - | "
             )
