@@ -25,14 +25,19 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # ---------------------------------------------------------------- build stage
 FROM ${BASE_IMAGE} AS build
 
-# Versions pinned to Debian 12's; they change only with a Debian point release.
+# Versions: the base pins the release (Debian 12, bookworm); each package is pinned
+# to its upstream version and Debian revision, and the trailing `*` lets that
+# package's security updates in (+deb12uN, +bN). Debian's archive keeps only the
+# newest build of each, so an exact pin fails to build the day a security update
+# replaces it (nginx-light 1.22.1-9+deb12u11 -> u12 did), and a build that keeps
+# working by its cached layer ships the old, vulnerable package.
 # apt-get clean: a base without Docker's apt hook (an mmdebstrap rootfs) would
 # otherwise keep every downloaded .deb in this layer.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      python3=3.11.2-1+b1 \
-      python3-venv=3.11.2-1+b1 \
-      python3-pip=23.0.1+dfsg-1 \
+      python3=3.11.2-1* \
+      python3-venv=3.11.2-1* \
+      python3-pip=23.0.1+dfsg-1* \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*
 
@@ -79,9 +84,9 @@ FROM ${BASE_IMAGE} AS runtime
 # No apt lists or .deb files are left in the layer.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      python3=3.11.2-1+b1 \
-      nginx-light=1.22.1-9+deb12u11 \
-      libnginx-mod-http-js=0.7.9-2 \
+      python3=3.11.2-1* \
+      nginx-light=1.22.1-9* \
+      libnginx-mod-http-js=0.7.9-2* \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log
 
