@@ -2,15 +2,19 @@
 
 Also records where each effective value came from, for `onnxpool config`, and
 turns pydantic's errors into one line that names the key, the value, its
-source and what is allowed.
+source and what is allowed. The variables a platform writes under the same
+prefix (Kubernetes' service links, docker's links) are told apart from settings
+and ignored (`is_service_link`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import tomllib
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +72,21 @@ class LoadedSettings:
     task_path_bases: dict[str, Path] = field(default_factory=dict)
     """Per `[task]` key, the folder a relative path in it resolves against: the settings file's
     (the environment's: the current directory). The task's own model knows which keys are paths."""
+    service_links: tuple[str, ...] = ()
+    """`ONNXPOOL_*` variables taken for a platform's service links (`is_service_link`) and ignored."""
 
     def key_sources(self) -> dict[Key, str]:
         """`sources` keyed by key tuples, as error messages look them up."""
         return {tuple(dotted.split(".")): where for dotted, where in self.sources.items()}
+
+    def service_links_line(self) -> str | None:
+        """The one line (for the log at start) that names the variables ignored as service links, if any."""
+        if not self.service_links:
+            return None
+        return (
+            f"settings: ignored {', '.join(self.service_links)}: taken for a platform's service-link "
+            f"variables (a Kubernetes Service or docker link named onnxpool...), not settings"
+        )
 
 
 def shipped_configs() -> list[str]:
@@ -118,7 +133,7 @@ def load_settings(
     if MODELS_TABLE in file_values:
         pool = env.get(ENV_POOL) if pool is None else pool
         file_values = pool_view(file_values, pool, config_file) if pool else _host_view(file_values, config_file)
-    env_values = _read_env(env)
+    env_values, service_links = _read_env(env)
     merged: dict[str, Any] = {}
     sources: dict[Key, str] = {}
     for key, value in _leaves(file_values):
@@ -152,6 +167,7 @@ def load_settings(
         warnings=tuple(warnings),
         moved_to_task=frozenset(key[1] for key, where in sources.items() if key[0] == TASK_TABLE and key in moved),
         task_path_bases=bases,
+        service_links=service_links,
     )
 
 
@@ -286,20 +302,96 @@ def _parse_env_value(raw: str) -> Any:
         return raw
 
 
-def _read_env(environ: Mapping[str, str]) -> dict[Key, tuple[str, Any]]:
+def _read_env(environ: Mapping[str, str]) -> tuple[dict[Key, tuple[str, Any]], tuple[str, ...]]:
+    """The settings in `environ`, and the names of the variables ignored as service links."""
     known = set(_schema_keys(Settings))
     found: dict[Key, tuple[str, Any]] = {}
+    links: list[str] = []
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX) or var in NOT_SETTINGS:
             continue
         key = tuple(part.lower() for part in var[len(ENV_PREFIX) :].split("__"))
         moved = key[0] == "model" and len(key) > 1 and key[1] in MOVED_TO_TASK
         if key not in known and not moved and not (key[0] == TASK_TABLE and len(key) > 1):
+            if is_service_link(var, raw, environ):  # only once it is no setting: a setting always wins
+                links.append(var)
+                continue
             same_section = [k for k in known if k[:-1] == key[:-1]] or [k[:1] for k in known]
             allowed = ", ".join(sorted({ENV_PREFIX + "__".join(k).upper() for k in same_section}))
             raise ConfigError(f"unknown setting in environment variable {var}; allowed: {allowed}")
         found[key] = (var, _parse_env_value(raw))
-    return found
+    return found, tuple(sorted(links))
+
+
+# Service links. The kubelet gives every pod, for each Service of its namespace, variables named after
+# the Service (upper-cased, `-` as `_`), and docker's --link the same for a linked container. A Service
+# named `onnxpool` (or KServe's `onnxpool-demo-predictor`) puts them under our prefix: they are no
+# settings, and must never stop a start. They are told apart from typos by their shape: a suffix the
+# kubelet or docker writes after a name that can be a Service's, holding the value it writes there
+# (ONNXPOOL_PORT=tcp://10.96.0.12:8000, never ONNXPOOL_PORT=8000: that one is still refused).
+_LINK_OWNER = rf"{re.escape(ENV_PREFIX.rstrip('_'))}(?:_[A-Z0-9_]*[A-Z0-9])?"
+"""The variables' prefix: a Service's name (a DNS label) upper-cased with `-` as `_`, here one of ours."""
+_DOCKER_ALIAS = rf"(?P<alias>{re.escape(ENV_PREFIX.rstrip('_'))}(?:_[A-Z0-9_]*?[A-Z0-9])?)"
+"""The same for docker's link alias, as short as it can be: `_ENV_` after it starts the linked container's names."""
+_LINK_PORT = r"_PORT_(?P<number>[0-9]+)_(?P<proto>TCP|UDP|SCTP)"
+"""`_PORT_8000_TCP`: one port of the Service (every port, as docker names an exposed port)."""
+_LINK_URL = re.compile(r"(?P<proto>tcp|udp|sctp)://(?:\[(?P<ipv6>[^\]]+)\]|(?P<ipv4>[0-9.]+)):(?P<port>[0-9]+)")
+"""What `_PORT` and `_PORT_<n>_<PROTO>` hold: Go's net.JoinHostPort of the Service's IP and port."""
+_DOCKER_LINK_NAME = re.compile(r"/[^/]+/[^/]+")
+"""What docker's `<ALIAS>_NAME` holds: /<this container>/<alias>."""
+
+LinkCheck = Callable[[re.Match[str], str, Mapping[str, str]], bool]
+
+
+def _is_ip(text: str, version: int | None = None) -> bool:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return version is None or address.version == version
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 0 < int(text) < 65536 and text == str(int(text))
+
+
+def _is_link_url(value: str, proto: str | None = None, port: str | None = None) -> bool:
+    """`tcp://10.96.0.12:8000` or `tcp://[fd00::12]:8000` (with this protocol and port, when given)."""
+    url = _LINK_URL.fullmatch(value)
+    if url is None or not _is_port(url["port"]):
+        return False
+    if proto is not None and (url["proto"] != proto.lower() or url["port"] != port):
+        return False
+    return _is_ip(url["ipv6"], 6) if url["ipv6"] is not None else _is_ip(url["ipv4"], 4)
+
+
+def _is_docker_link(alias: str, environ: Mapping[str, str]) -> bool:
+    """Docker linked a container as `alias` here: its `<ALIAS>_NAME` is set as docker sets it."""
+    return _DOCKER_LINK_NAME.fullmatch(environ.get(f"{alias}_NAME", "")) is not None
+
+
+# (name pattern, check of the value): what the kubelet writes (pkg/kubelet/envvars), then docker's own.
+_SERVICE_LINKS: tuple[tuple[re.Pattern[str], LinkCheck], ...] = (
+    (re.compile(rf"{_LINK_OWNER}_SERVICE_HOST"), lambda m, value, env: _is_ip(value)),
+    (re.compile(rf"{_LINK_OWNER}_SERVICE_PORT(?:_[A-Z0-9_]+)?"), lambda m, value, env: _is_port(value)),
+    (re.compile(rf"{_LINK_OWNER}_PORT"), lambda m, value, env: _is_link_url(value)),
+    (re.compile(rf"{_LINK_OWNER}{_LINK_PORT}"), lambda m, value, env: _is_link_url(value, m["proto"], m["number"])),
+    (re.compile(rf"{_LINK_OWNER}{_LINK_PORT}_PROTO"), lambda m, value, env: value == m["proto"].lower()),
+    (re.compile(rf"{_LINK_OWNER}{_LINK_PORT}_PORT"), lambda m, value, env: value == m["number"]),
+    (re.compile(rf"{_LINK_OWNER}{_LINK_PORT}_ADDR"), lambda m, value, env: _is_ip(value)),
+    (re.compile(rf"{_LINK_OWNER}_NAME"), lambda m, value, env: _DOCKER_LINK_NAME.fullmatch(value) is not None),
+    # the linked container's own environment: any name, any value, so only beside its link's `_NAME`
+    (re.compile(rf"{_DOCKER_ALIAS}_ENV_.+"), lambda m, value, env: _is_docker_link(m["alias"], env)),
+)
+
+
+def is_service_link(var: str, value: str, environ: Mapping[str, str]) -> bool:
+    """A variable the kubelet's service links or docker's links wrote, by its name and value."""
+    for pattern, check in _SERVICE_LINKS:
+        match = pattern.fullmatch(var)
+        if match is not None and check(match, value, environ):
+            return True
+    return False
 
 
 def _leaves(tree: Mapping[str, Any], prefix: Key = ()) -> Iterator[tuple[Key, Any]]:

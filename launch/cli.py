@@ -83,6 +83,9 @@ def _config(args: argparse.Namespace) -> int:
         return 1
     flat = loaded.settings.model_dump(mode="json")
     print(f"# config file: {loaded.config_file}")
+    links = loaded.service_links_line()
+    if links:
+        print(f"# {links}")
     width = max(len(k) for k in loaded.sources)
     for key, source in loaded.sources.items():
         value: object = flat

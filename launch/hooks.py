@@ -349,6 +349,9 @@ def on_starting(server: Any) -> None:
     )
     if s.generation.model_choice:
         log.info("%s", s.generation.model_choice)
+    links = s.generation.loaded.service_links_line()
+    if links:  # at start only: the master's environment is the same at every HUP, a reload would repeat it
+        log.info("%s", links)
     _warn_if_oversubscribed(layout, layout.workers)
     _log_task(s)
     _log_callers(s)
