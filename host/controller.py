@@ -5,24 +5,34 @@ Who does what (docs/ARCHITECTURE.md, "Several models on one host"):
   every model's view of it, plans each model's budget and cgroup (host/budget.py,
   host/priority.py), writes supervisord's configuration (host/supervisor.py) and starts
   supervisord as its child. It starts nothing else itself and restarts nothing.
-- supervisord runs the programs: the janitor, the host's routes (host/routes.py), one gunicorn
-  pool per model (the one-model server, told its model by $ONNXPOOL_POOL, on a socket in the
-  run folder) and nginx (host/front_door.py). A dead pool master, nginx or routes process is
-  restarted alone, with back-off; the other models never notice.
+- supervisord runs the programs: the host's routes (host/routes.py), one gunicorn pool per model
+  (the one-model server, told its model by $ONNXPOOL_POOL, on a socket in the run folder, its own
+  run folder inside the host's) and nginx (host/front_door.py). A dead pool master, nginx or
+  routes process is restarted alone, with back-off; the other models never notice. A pool
+  supervisord gave up on is started again by this process, with a capped back-off
+  (RETRY_SECONDS), and at once by a HUP.
+- The janitor (host/program.py), a process of this one's beside supervisord, removes the run
+  folder and the cgroups once supervisord has exited, however it ended: no reload can set it off.
 - This process watches: every POLL_SECONDS one call to supervisord (each program's state) and,
-  for a model that is not READY yet, one probe of its pool's /v2/health/ready. It writes each
+  for a model that is not READY yet, one probe of its pool's /v2/health/ready; a signal wakes it
+  at once (its wake-up fd). It writes each
   model's state (READY, LOADING, UNAVAILABLE with its pool's last error line) to host.json, which
   the host's routes read; it starts nginx once the models have started, re-renders it when the
   routable models change, and tells systemd READY=1 (`Type=notify`).
-- SIGHUP: the file is read again and validated; a model added gets a program (routed once it is
-  ready; a failure is its own: UNAVAILABLE, the others serve), a removed one leaves nginx first
-  and then its program is stopped and removed, a changed one (its settings, its model file, its
-  task's source, its plan) gets a HUP (gunicorn replaces its workers, the old ones serving until
-  the new ones are warm). A bad file is logged and nothing changes.
-- SIGTERM / SIGINT: supervisord stops the programs in reverse order: nginx first (it finishes
-  what it holds), then the pools, the routes, the janitor (which removes the cgroups and the run
-  folder). If supervisord dies, its programs stop by their parent-death signal and this process
-  exits 1 after cleaning up; if this process is killed, supervisord stops by the same signal.
+- SIGHUP: the file is read again and validated as a whole; a model added gets a program (routed
+  once it is ready; a failure is its own: UNAVAILABLE, the others serve), a removed one leaves
+  nginx first (its old workers gone) and then its pool is stopped, and every other pool gets its
+  HUP: it re-reads its view of the file, its task's files and code and its model file exactly as
+  a one-model server does (gunicorn replaces its workers, the old ones serving until the new ones
+  are warm). A file that cannot be applied whole (a mistake, or a change only a restart can make:
+  host/reading.py) changes nothing; the refusal is logged and shown (host.json's reading:
+  /v2/models, /metrics). nginx, the routes and the pools read the keys file at the same HUP,
+  never between.
+- SIGTERM / SIGINT: this process stops nginx first (it finishes what it holds), then every pool at
+  once, then the routes, all within graceful_timeout + 5 s, then supervisord; the janitor removes
+  the cgroups and the run folder. If supervisord dies, its programs stop by their parent-death
+  signal and this process exits 1 after cleaning up; if this process is killed, supervisord stops
+  by the same signal.
 """
 
 from __future__ import annotations
@@ -31,14 +41,13 @@ import contextlib
 import ctypes
 import dataclasses
 import fcntl
-import hashlib
 import http.client
 import importlib.util
-import json
 import logging
 import logging.config
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -59,13 +68,13 @@ from onnxpool.config.loader import (
     ConfigError,
     LoadedSettings,
     load_settings,
-    pool_view,
 )
 from onnxpool.config.settings import ModelEntry, Settings
 from onnxpool.host import supervisor
 from onnxpool.host.budget import ModelPlan, oversubscribed_budgets, plan_models
 from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
-from onnxpool.host.priority import Priority, choose, renice_workers
+from onnxpool.host.nginx_workers import await_new_workers, nginx_workers
+from onnxpool.host.priority import Priority, choose
 from onnxpool.host.program import (
     PR_SET_PDEATHSIG,
     clean_up,
@@ -75,11 +84,13 @@ from onnxpool.host.program import (
     share_output,
     signal_group,
 )
+from onnxpool.host.reading import restart_only_changes
 from onnxpool.host.state import (
     METRICS_DIR,
     NGINX_DIR,
     POOLS_DIR,
     HostModel,
+    Reading,
     description_stamp,
     pool_error_file,
     pool_routes,
@@ -88,7 +99,6 @@ from onnxpool.host.state import (
     write_host,
 )
 from onnxpool.host.supervisor import (
-    JANITOR,
     NGINX,
     ROUTES,
     Program,
@@ -100,7 +110,7 @@ from onnxpool.host.supervisor import (
 from onnxpool.proxy import nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
 from onnxpool.workers.cores import cpu_allowance
-from onnxpool.workers.run_folder import RunFolder
+from onnxpool.workers.run_folder import RunFolder, remove_stale
 
 log = logging.getLogger("onnxpool.host")
 
@@ -115,6 +125,14 @@ START_POLL_SECONDS = 0.05
 PROBE_SECONDS = 1.0
 POOL_START_SECONDS = 30
 """supervisord's startsecs for a pool: a pool that exits sooner failed to start (back-off, retries)."""
+RETRY_SECONDS = (5.0, 10.0, 20.0, 40.0, 60.0)
+"""A pool supervisord gave up on (FATAL) is started again after these, the last one repeating: a pool
+that broke on something outside it (a full disk, a model file being copied) comes back by itself."""
+HAND_OVER_SECONDS = 2.0
+"""At a stop, how long nginx alone stops before the pools are told to (it passes on what it has read)."""
+RUNS_DIR = "runs"
+"""Each pool's own run folder goes inside the host's (`runs/<name>/`): whatever stops the host, a pool
+killed in its start included, the janitor's clean-up takes it too."""
 ROUTES_CONF = "onnxpool.host.routes_conf"
 
 
@@ -130,7 +148,6 @@ class Model:
     entry: ModelEntry
     plan: ModelPlan | None
     address: str
-    fingerprint: str = ""
     state: str = LOADING
     reason: str = ""
     required: bool = True
@@ -145,6 +162,13 @@ class Model:
     lanes: int = 0
     """Callers' lanes its pool bound beside its socket (its description)."""
     has_program: bool = True
+    reload_pending: bool = False
+    """A HUP came while its pool was starting (a gunicorn master that is still loading dies of a HUP):
+    it gets its HUP once it answers ready."""
+    gave_up: int = 0
+    """How many times in a row supervisord gave up on its pool (the host's back-off, RETRY_SECONDS)."""
+    retry_at: float = 0.0
+    """When the host starts it again (monotonic; 0: not scheduled)."""
     routed: bool = False
     described: int = 0
     """The mtime of its pool's description when its routes were read (its master rewrites it at a HUP)."""
@@ -167,11 +191,19 @@ class Host:
     """What nginx routes now (None: nginx not started)."""
     routed_callers: CallerBook | None = None
     """The callers nginx keeps apart now (a HUP that changes them or their quotas re-renders it)."""
+    routed_settings: Settings | None = None
+    """The settings nginx's files were rendered from (a HUP that changes any re-renders them)."""
     password: str = field(init=False)
     """supervisord's control socket's, made for this run (in its owner-only configuration file)."""
     notify_socket: str = field(init=False)
     leftover_deadline: float | None = None
     """When the workers of a killed nginx master were told to stop (`_retire_leftovers`)."""
+    callers: CallerBook | None = None
+    """The callers and quotas of the file as last applied (read at start and at each HUP, never between)."""
+    reading: Reading = field(default_factory=lambda: Reading(True, time.time()))
+    janitor: subprocess.Popen[bytes] | None = None
+    wakeup: socket.socket | None = None
+    """The read end of the signal wake-up fd: a signal ends the wait between two looks at once."""
 
     def __post_init__(self) -> None:
         self.priority = _priority(self.loaded.settings.server.budgets)
@@ -242,52 +274,19 @@ class Host:
             )
         return plans, left_out
 
-    def _fingerprint(self, name: str, plan: ModelPlan) -> str:
-        """What a pool serves: a change (its settings, its model file, its task's source, its plan)
-        replaces its workers on HUP. Its nice value is not part of it: it follows the neighbours'
-        budgets, and a reload that changes only it renices the running workers (`reload`)."""
-        raw = _read_raw(self.config_file)
-        entry = self.settings.models[name]
-        stat = entry.path.stat()
-        document = {
-            "view": pool_view(raw, name, self.config_file),
-            "file": [stat.st_mtime_ns, stat.st_size],
-            "task": _task_source_stamp(entry.task, self.config_file.parent),
-            "keys": _file_stamp(self.settings.auth.api_keys_file),  # its callers and keys: a new file is a HUP
-            "plan": [plan.budget, plan.layout.workers, plan.layout.threads],
-        }
-        return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
-
     # -- supervisord ----------------------------------------------------------------------
 
     def _programs(self) -> list[Program]:
+        """supervisord's programs: each section holds only what is fixed for the host's life (a changed
+        section is a restarted program; what a reload changes reaches a program by its HUP)."""
         run = self.run.path
-        graceful = self.settings.server.graceful_timeout
         env = {ENV_CONFIG_FILE: str(self.config_file), ENV_HOST_DIR: str(run)}
         programs = [
-            Program(
-                JANITOR,
-                [
-                    sys.executable,
-                    "-m",
-                    "onnxpool.host.program",
-                    "janitor",
-                    "--run-dir",
-                    str(run),
-                    "--cgroup",
-                    str(self.priority.folder or ""),
-                    "--wait",
-                    str(graceful + 10),
-                ],
-                supervisor.PRIORITY[JANITOR],
-                stopwaitsecs=graceful + 20,
-            ),
             Program(
                 ROUTES,
                 wrapped(run, ROUTES, [sys.executable, "-m", "gunicorn", "-c", f"python:{ROUTES_CONF}"]),
                 supervisor.PRIORITY[ROUTES],
                 environment=env,
-                stopwaitsecs=graceful + 5,
             ),
         ]
         for name, model in self.models.items():
@@ -307,13 +306,13 @@ class Host:
                         **env,
                         ENV_POOL: name,
                         "ONNXPOOL_SERVER__BIND": model.address,
+                        "ONNXPOOL_SERVER__RUN_DIR": str(self._pool_runs(name)),
                         # No pid file of its own (the host's), no control socket, no nginx of its own to wait for.
                         "ONNXPOOL_SERVER__PIDFILE": "",
                         "ONNXPOOL_SERVER__CONTROL_SOCKET": "",
                         "ONNXPOOL_NGINX__PIDFILE": "",
                         "ONNXPOOL_METRICS__DIR": str(run / METRICS_DIR / name),
                     },
-                    stopwaitsecs=graceful + 5,
                     startsecs=POOL_START_SECONDS,
                 )
             )
@@ -329,11 +328,14 @@ class Host:
                 ),
                 supervisor.PRIORITY[NGINX],
                 autostart=False,
-                stopsignal="QUIT",  # graceful: it finishes what it holds
-                stopwaitsecs=graceful + 5,
+                stopsignal="QUIT",  # graceful: it finishes what it holds (worker_shutdown_timeout)
             )
         )
         return programs
+
+    def _pool_runs(self, name: str) -> Path:
+        """Where a model's pool makes its run folder (RUNS_DIR)."""
+        return self.run.path / RUNS_DIR / name
 
     def _write_supervisor_conf(self) -> Path:
         path = self.run.path / "supervisor" / "supervisord.conf"
@@ -351,6 +353,15 @@ class Host:
             [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
             env=env,
             preexec_fn=_die_with_parent,  # this process killed: supervisord stops every program, in order
+        )
+        # The janitor: its own session (a Ctrl-C or a unit's stop reaches it not), woken by supervisord's exit.
+        self.janitor = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "onnxpool.host.program", "janitor", "--run-dir", str(self.run.path)),
+                *("--cgroup", str(self.priority.folder or ""), "--supervisord", str(self.supervisord.pid)),
+                *("--wait", str(self.settings.server.graceful_timeout + 10)),
+            ],
+            start_new_session=True,
         )
         self.control = Supervisor(self.run.path, self.password)
         self.control.wait_running(lambda: self.supervisord is not None and self.supervisord.poll() is None)
@@ -375,27 +386,55 @@ class Host:
                 model.pid = pid
                 model.starts += 1
                 if model.starts > 1:
-                    log.warning("model %s: its pool was restarted by the supervisor (pid %d)", name, pid)
+                    log.warning("model %s: its pool was restarted (pid %d)", name, pid)
             if statename in supervisor.RUNNING_STATES and pid:
                 if model.ready_pid != pid:
                     if probe.probe(model.address, "/v2/health/ready", timeout=PROBE_SECONDS) is None:
                         self._read_routes(model)
-                        model.ready_pid, model.routed = pid, True
+                        model.ready_pid, model.routed, model.gave_up = pid, True, 0
                         changed |= self._set(model, READY, "")
+                        if model.reload_pending:  # its master read the file before the HUP: again now
+                            self._reload_pool(model, info)
                     else:
                         changed |= self._set(model, LOADING, "")
                 elif description_stamp(self.run.path, name) != model.described:
                     self._read_routes(model)  # a HUP replaced its task: nginx follows its routes
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
-                model.ready_pid = 0
-                error = read_pool_error(self.run.path, name) or str(info.get("spawnerr") or "")
-                model.error = why = error or "its pool's master exited; see the host's log"
-                if statename == "BACKOFF":
-                    why += " (restarting with back-off)"
-                elif statename == "FATAL":
-                    why += f" (gave up after {supervisor.START_RETRIES} restarts; fix it and reload)"
-                changed |= self._set(model, UNAVAILABLE, why)
+                changed |= self._failed(model, statename)
         return changed
+
+    def _failed(self, model: Model, statename: str) -> bool:
+        """A pool that is not running: UNAVAILABLE with its own last error line; one supervisord gave up on
+        is started again after the host's back-off, and its stale run folder goes now."""
+        model.ready_pid = 0
+        # Its own last error line; else what is known (supervisord keeps no status of a start that ended).
+        model.error = why = read_pool_error(self.run.path, model.name) or (
+            "its pool's master exited without an error line (killed, or out of memory: the host's log has "
+            "supervisord's line on how it ended)"
+        )
+        if statename == "BACKOFF":
+            why += " (restarting)"
+        elif statename == "FATAL":
+            if not model.retry_at:
+                wait = RETRY_SECONDS[min(model.gave_up, len(RETRY_SECONDS) - 1)]
+                model.gave_up += 1
+                model.retry_at = time.monotonic() + wait
+                with contextlib.suppress(OSError):
+                    remove_stale(self._pool_runs(model.name))
+                log.error("model %s: its pool keeps failing: started again in %g s (a HUP: at once)", model.name, wait)
+            if time.monotonic() >= model.retry_at:
+                self._start_pool(model)
+            why += " (started again with back-off; a HUP retries it at once)"
+        return self._set(model, UNAVAILABLE, why)
+
+    def _start_pool(self, model: Model) -> None:
+        """Start a pool that is not running (supervisord gave up on it, or it stopped)."""
+        assert self.control is not None
+        model.retry_at = 0.0
+        pool_error_file(self.run.path, model.name).unlink(missing_ok=True)
+        log.info("model %s: its pool starts again", model.name)
+        with contextlib.suppress(xmlrpc.client.Fault):
+            self.control.start(pool_program(model.name))
 
     def _read_routes(self, model: Model) -> None:
         model.described, model.routes, model.lanes = pool_routes(self.run.path, model.name)
@@ -431,7 +470,7 @@ class Host:
                     starts=model.starts,
                 )
             )
-        write_host(self.run.path, models)
+        write_host(self.run.path, models, self.reading, self.settings.server.graceful_timeout)
 
     # -- the front door -------------------------------------------------------------------
 
@@ -451,18 +490,12 @@ class Host:
 
     def _route(self) -> None:
         """Start nginx, or re-render it when the routable pools or the callers changed (a HUP: its old workers
-        finish what they hold). A model that cannot be routed (nginx's js module missing) is UNAVAILABLE."""
+        finish what they hold, and this returns once they are gone). A model that cannot be routed (nginx's
+        js module missing) is UNAVAILABLE."""
         assert self.control is not None
         pools = self._routable()
-        callers: CallerBook | None
-        try:
-            callers = front_door_callers(self.settings)
-        except FrontDoorError as exc:
-            if self.routed is None:
-                raise HostError(str(exc)) from None
-            log.error("reload: the front door keeps its callers: %s", exc)
-            callers = self.routed_callers
-        if pools == self.routed and callers == self.routed_callers:
+        callers = self.callers
+        if pools == self.routed and callers == self.routed_callers and self.settings == self.routed_settings:
             return
         try:
             self._front_door_files(pools)
@@ -481,12 +514,18 @@ class Host:
             self.control.start(NGINX)
             self._wait_front_door()
         else:
+            master = self._nginx_master()
+            before = nginx_workers(master)
             self.control.signal(NGINX, "HUP")
-        self.routed = pools
-        self.routed_callers = callers
+            await_new_workers(master, before, self.settings.server.graceful_timeout + 5)
+        self.routed, self.routed_callers, self.routed_settings = pools, callers, self.settings
         for pool in pools:  # served through the front door: from now on the host is ready only with it
             model = self.models[pool.name]
             model.required = model.required or not model.entry.optional
+
+    def _nginx_master(self) -> int:
+        assert self.control is not None
+        return int(self.control.states().get(NGINX, {}).get("pid") or 0)
 
     def _retire_leftovers(self) -> None:
         """The workers of a killed nginx master serve until the new nginx answers; then they are told to
@@ -559,8 +598,6 @@ class Host:
             )
             if plan is None:
                 model.state, model.reason = UNAVAILABLE, left_out.get(name, "not planned")
-            else:
-                model.fingerprint = self._fingerprint(name, plan)
             models[name] = model
         self.models = models
 
@@ -570,7 +607,8 @@ class Host:
             log.info("budgets are held by nice values per worker (%s)", self.priority.why)
         try:
             plans, left_out = self._plan(self.loaded)
-        except ConfigError as exc:
+            self.callers = front_door_callers(self.settings)
+        except (ConfigError, FrontDoorError) as exc:
             raise HostError(str(exc)) from None
         self._track(plans, left_out, required=True)
         for name in plans:
@@ -628,32 +666,35 @@ class Host:
         return f"supervisord exited (status {status}): its programs stop with it; the host exits 1"
 
     def reload(self) -> None:
-        """HUP: apply the re-read settings file to the models it changes, and only those."""
+        """HUP: apply the re-read settings file whole (models added and removed, every other pool's own
+        reload), or nothing of it (the refusal shown in host.json's reading)."""
         assert self.control is not None
-        previous = self.loaded
         try:
             loaded = load_settings(self.config_file, pool="")
             if not loaded.settings.models:
                 raise ConfigError("the file no longer names several models ([models.<name>])")
-            self.loaded = loaded
+            restart_only_changes(self.loaded.settings, loaded.settings)
             plans, left_out = self._plan(loaded)
-        except (ConfigError, HostError, OSError) as exc:
-            self.loaded = previous
-            log.error("reload: keeping the running models: %s", exc)
+            callers = front_door_callers(loaded.settings)
+        except (ConfigError, HostError, FrontDoorError, OSError) as exc:
+            self.reading = Reading(False, time.time(), str(exc))
+            log.error("reload: refused, nothing changed (the running models keep their settings): %s", exc)
+            self._publish()
             return
+        self.loaded, self.callers, self.reading = loaded, callers, Reading(True, time.time())
         old = self.models
+        # A removed model leaves the host's lists and readiness now; its pool runs until nginx let go of it.
         removed = [name for name, model in old.items() if model.has_program and name not in plans]
         self.priority.apply(plans.values())
         self._track(plans, left_out, required=False)
         for name in plans:
             (self.run.path / METRICS_DIR / name).mkdir(parents=True, exist_ok=True)
-        for name in removed:  # no longer routed; its pool runs until nginx has let go of it (below)
-            self.models[name] = Model(name, old[name].entry, None, "", state=UNAVAILABLE, has_program=False)
-        self._publish()
-        self._update_programs()
+        self._publish()  # the pools' new workers read their nice value from it
+        self._add_programs()
+        states = self.control.states()
         for name, model in self.models.items():
             if model.has_program and name in old and old[name].has_program:
-                self._apply_change(model, old[name])
+                self._reload_pool(model, states.get(pool_program(name), {}))
         self.control.signal(ROUTES, "HUP")  # keys, docs and metrics settings
         # One nginx reload per HUP, once the added models are ready (or failed): it routes to them and no
         # longer to the removed ones, whose pools then finish what nginx already sent them and stop.
@@ -662,41 +703,31 @@ class Host:
         for name in removed:
             log.info("reload: model %s removed: its pool stops after its in-flight requests", name)
             self._drop_program(name)
-            del self.models[name]
         self._publish()
+        log.info("reload: applied (%d models)", sum(model.has_program for model in self.models.values()))
 
-    def _apply_change(self, model: Model, before: Model) -> None:
-        """A model kept by a reload: its workers replaced if what it serves changed (started again if its
-        pool had given up), else its workers reniced if only its neighbours' budgets moved its nice value."""
-        assert self.control is not None and model.plan is not None
-        fingerprint = self._fingerprint(model.name, model.plan)
-        program = pool_program(model.name)
-        if fingerprint != before.fingerprint:
-            log.info("reload: model %s changed: its workers are replaced", model.name)
-            model.fingerprint = fingerprint
+    def _reload_pool(self, model: Model, info: dict[str, object]) -> None:
+        """A kept model's pool re-reads the file (its HUP), as a one-model server does; one that is not
+        running is started at once (the operator's fix is in); one still starting gets its HUP when ready."""
+        statename, pid = info.get("statename"), int(str(info.get("pid") or 0))
+        model.reload_pending = False
+        if statename in supervisor.RUNNING_STATES and pid and model.ready_pid == pid:
+            log.info("reload: model %s: its pool re-reads the file (HUP)", model.name)
             pool_error_file(self.run.path, model.name).unlink(missing_ok=True)
-            try:
-                self.control.signal(program, "HUP")
-            except xmlrpc.client.Fault:  # not running (it gave up on a broken file): start it anew
-                with contextlib.suppress(xmlrpc.client.Fault):
-                    self.control.start(program)
-            return
-        model.fingerprint = before.fingerprint
-        old_plan = before.plan
-        if self.priority.kind == "nice" and old_plan is not None and old_plan.nice != model.plan.nice:
-            reniced = renice_workers(model.pid, model.plan.nice)
-            log.info("reload: model %s: nice %d for its %d workers (its neighbours' budgets changed)",
-                     model.name, model.plan.nice, len(reniced))  # fmt: skip
+            assert self.control is not None
+            self.control.signal(pool_program(model.name), "HUP")
+        elif statename in supervisor.RUNNING_STATES:
+            model.reload_pending = True
+        else:
+            model.gave_up = 0
+            self._start_pool(model)
 
-    def _update_programs(self) -> None:
-        """supervisord reads its configuration anew; programs added are started (supervisorctl update)."""
+    def _add_programs(self) -> None:
+        """supervisord reads its configuration anew; programs added are started (supervisorctl update).
+        Sections hold nothing a reload may change (`_programs`), so none is restarted."""
         assert self.control is not None
         self._write_supervisor_conf()
-        added, changed, _removed = self.control.update()
-        for program in changed:  # its command or environment changed (a model's `bind`): started anew
-            log.info("reload: program %s changed: restarted", program)
-            self.control.remove(program)
-            self.control.add(program)
+        added, _changed, _removed = self.control.update()
         for program in added:
             name = program.removeprefix(supervisor.POOL_PREFIX)
             if name in self.models:
@@ -705,7 +736,7 @@ class Host:
             self.control.add(program)
 
     def _drop_program(self, name: str) -> None:
-        """Stop and forget a model's program; its metrics, files and cgroup go with it."""
+        """Stop and forget a model's program; its metrics, files, run folder and cgroup go with it."""
         assert self.control is not None
         model = self.models.get(name)
         if model is not None:
@@ -714,6 +745,7 @@ class Host:
         with contextlib.suppress(xmlrpc.client.Fault):
             self.control.remove(pool_program(name))
         shutil.rmtree(self.run.path / METRICS_DIR / name, ignore_errors=True)
+        shutil.rmtree(self._pool_runs(name), ignore_errors=True)
         for suffix in (".json", ".error"):
             (self.run.path / POOLS_DIR / f"{name}{suffix}").unlink(missing_ok=True)
         self.priority.remove(name)
@@ -747,23 +779,67 @@ class Host:
                 log.error("front door: %s", exc)
             if changed:
                 self._publish()
-            time.sleep(POLL_SECONDS)
+            self._sleep(POLL_SECONDS)
+
+    def _sleep(self, seconds: float) -> None:
+        """Until the next look, or a signal (its wake-up fd): a HUP or TERM is handled at once."""
+        if self.wakeup is None:
+            time.sleep(seconds)
+            return
+        readable, _, _ = select.select([self.wakeup], [], [], seconds)
+        if readable:
+            with contextlib.suppress(OSError):
+                self.wakeup.recv(64)
 
     def stop(self) -> int:
-        """supervisord stops its programs in reverse order (nginx first); then nothing of the host is left."""
+        """nginx first (it finishes what it holds), then every pool at once, then the routes, within
+        graceful_timeout + 5 s; then supervisord; then nothing of the host is left."""
         if self.supervisord is not None and self.supervisord.poll() is None:
+            with contextlib.suppress(*supervisor.CALL_ERRORS):
+                self._stop_programs()
             self.supervisord.send_signal(signal.SIGTERM)
             try:
-                self.supervisord.wait(timeout=self.settings.server.graceful_timeout * 3 + 30)
+                self.supervisord.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.supervisord.kill()
                 self.supervisord.wait()
         self.clean_up()
         return 0
 
+    def _stop_programs(self) -> None:
+        """nginx first: it stops taking connections at once and passes on what it has read; HAND_OVER_SECONDS
+        later (or once it is gone) every pool and the routes are told to stop, all at once: each finishes what
+        it holds (nginx relays those replies) within graceful_timeout. What is left at graceful_timeout + 5 s
+        from the start is killed."""
+        assert self.control is not None
+        t0 = time.monotonic()
+        deadline = t0 + self.settings.server.graceful_timeout + 5
+        pools = [pool_program(name) for name, model in self.models.items() if model.has_program]
+        self.control.stop(NGINX)
+        self._await_stopped([NGINX], min(deadline, t0 + HAND_OVER_SECONDS))
+        for program in (*pools, ROUTES):
+            self.control.stop(program)
+        self._await_stopped([NGINX, *pools, ROUTES], deadline)
+        for program in (NGINX, *pools, ROUTES):
+            pgid = read_group(group_file(self.run.path, program))
+            if pgid is not None and group_members(pgid):
+                log.warning("stopping: %s outlived graceful_timeout + 5 s: killed", program)
+                signal_group(pgid, signal.SIGKILL)
+
+    def _await_stopped(self, programs: list[str], deadline: float) -> None:
+        assert self.control is not None
+        while time.monotonic() < deadline:
+            states = self.control.states()
+            if not any(states.get(p, {}).get("statename") in supervisor.STOPPING_STATES for p in programs):
+                return
+            time.sleep(START_POLL_SECONDS)
+
     def clean_up(self) -> None:
         clean_up(self.run.path, self.priority.folder, self.settings.server.graceful_timeout + 10)
         self.priority.remove()
+        if self.janitor is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.janitor.wait(timeout=5)  # it found nothing left to do
 
 
 def _append_output() -> None:
@@ -795,39 +871,6 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _file_stamp(path: Path | None) -> str:
-    """A digest of a file's content ("" for none, or a file that cannot be read: the pool says why)."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else ""
-    except OSError:
-        return ""
-
-
-def _task_source_stamp(spec: str, base: Path) -> list[object]:
-    """The task's source file (size and mtime) for a task of one's own: a changed file replaces its
-    model's workers on HUP, as on a one-model server. A built-in task changes with onnxpool's version."""
-    module, sep, _cls = spec.rpartition(":")
-    if not sep:
-        from onnxpool import __version__
-
-        return [spec, __version__]
-    if module.endswith(".py"):
-        path = Path(module) if Path(module).is_absolute() else base / module
-    else:
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            return [spec]
-        if found is None or found.origin is None:
-            return [spec]
-        path = Path(found.origin)
-    try:
-        stat = path.stat()
-    except OSError:
-        return [spec]
-    return [str(path), stat.st_mtime_ns, stat.st_size]
-
-
 def _priority(budgets: str) -> Priority:
     """`[server] budgets`: the mechanism that holds the budgets (host/priority.py)."""
     if budgets == "nice":
@@ -836,13 +879,6 @@ def _priority(budgets: str) -> Priority:
     if budgets == "cgroup" and chosen.kind == "nice":
         raise HostError(f"[server] budgets = cgroup, but no cgroup can be made here: {chosen.why}")
     return chosen
-
-
-def _read_raw(path: Path) -> dict[str, object]:
-    import tomllib
-
-    with path.open("rb") as handle:
-        return tomllib.load(handle)
 
 
 def _cores(cores: tuple[int, ...]) -> str:
@@ -877,6 +913,10 @@ def serve_models(config_file: Path) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(signum, remember)
+    host.wakeup, wake = socket.socketpair()
+    for end in (host.wakeup, wake):
+        end.setblocking(False)
+    signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
     pidfile = Path(loaded.settings.server.pidfile) if loaded.settings.server.pidfile else None
     if pidfile is not None:
         pidfile.write_text(f"{os.getpid()}\n")

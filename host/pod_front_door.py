@@ -48,10 +48,12 @@ from onnxpool.config.callers import CallerBook
 from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
 from onnxpool.config.settings import ModelEntry
 from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
+from onnxpool.host.nginx_workers import await_new_workers, nginx_workers
 from onnxpool.host.state import (
     NGINX_DIR,
     POOLS_DIR,
     HostModel,
+    Reading,
     description_stamp,
     pool_error_file,
     pool_routes,
@@ -135,6 +137,9 @@ class PodFrontDoor:
         self.reread = False
         """A HUP came: read the file again (callers and quotas change the front door's files)."""
         self.routed_callers: CallerBook | None = None
+        self.callers = front_door_callers(loaded.settings)
+        """The file's callers and quotas as last read (at start and at each HUP, never between)."""
+        self.reading = Reading(True, time.time())
         self.folder = folder
         self.binary = binary
         self.models = {
@@ -194,7 +199,8 @@ class PodFrontDoor:
         return changed
 
     def publish(self) -> None:
-        write_host(self.folder, [model.host_model() for model in self.models.values()])
+        models = [model.host_model() for model in self.models.values()]
+        write_host(self.folder, models, self.reading, self.loaded.settings.server.graceful_timeout)
 
     def _routable(self) -> tuple[PoolRoute, ...]:
         return tuple(
@@ -213,13 +219,7 @@ class PodFrontDoor:
         """Write nginx's files for the routable models, and start nginx or HUP it when they changed. A
         model nginx cannot route (its js module missing) is UNAVAILABLE; the others stay as they were."""
         pools = self._routable()
-        try:
-            callers: CallerBook | None = front_door_callers(self.loaded.settings)
-        except FrontDoorError as exc:
-            if self.routed is None:
-                raise
-            log.error("reload: the front door keeps its callers: %s", exc)
-            callers = self.routed_callers
+        callers = self.callers
         if pools == self.routed and callers == self.routed_callers:
             return
         try:
@@ -237,12 +237,15 @@ class PodFrontDoor:
             if self.routed is None:
                 self.route()  # nginx starts without them
             return
-        before = self._nginx_workers()
+        before = nginx_workers(self.nginx.pid if self.nginx is not None else 0)
         if self.nginx is None:
             self._start_nginx(main)
         else:
             self.nginx.send_signal(signal.SIGHUP)
-        self._await_new_workers(before)
+        # A model is READY in host.json only once nginx routes to it (its new workers, the old ones gone):
+        # the pod's readiness never runs ahead of its front door.
+        assert self.nginx is not None
+        await_new_workers(self.nginx.pid, before, RELOAD_SECONDS)
         self.routed = pools
         self.routed_callers = callers
 
@@ -252,30 +255,14 @@ class PodFrontDoor:
         if self.config_file is None:
             return
         try:
-            self.loaded = load_settings(self.config_file, pool="")
-        except ConfigError as exc:
-            log.error("reload: the front door keeps its settings: %s", exc)
-
-    def _nginx_workers(self) -> set[int]:
-        if self.nginx is None:
-            return set()
-        try:
-            text = Path(f"/proc/{self.nginx.pid}/task/{self.nginx.pid}/children").read_text()
-        except OSError:
-            return set()
-        return {int(pid) for pid in text.split()}
-
-    def _await_new_workers(self, before: set[int]) -> None:
-        """Until nginx's workers are all ones started on the files just written (the old ones stop taking
-        connections when told to go, but may hold a request until then): a model is READY in host.json
-        only once nginx routes to it, so the pod's readiness never runs ahead of its front door."""
-        deadline = time.monotonic() + RELOAD_SECONDS
-        while time.monotonic() < deadline and self.nginx is not None and self.nginx.poll() is None:
-            workers = self._nginx_workers()
-            if workers - before and not workers & before:
-                return
-            time.sleep(0.01)
-        log.warning("front door: nginx started no worker on its new files within %g s", RELOAD_SECONDS)
+            loaded = load_settings(self.config_file, pool="")
+            self.callers = front_door_callers(loaded.settings)
+        except (ConfigError, FrontDoorError) as exc:
+            self.reading = Reading(False, time.time(), str(exc))
+            log.error("reload: refused, the front door keeps its settings: %s", exc)
+        else:
+            self.loaded, self.reading = loaded, Reading(True, time.time())
+        self.publish()
 
     def _start_nginx(self, main: Path) -> None:
         # nginx's stdout is a pipe of ours, copied to our stdout (as `onnxpool nginx` for one model: an

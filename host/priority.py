@@ -121,19 +121,6 @@ HOST_GROUP = "host"
 """cgroup v2: the host process's own leaf, when it must leave its cgroup to delegate it."""
 
 
-def renice_workers(master: int, nice: int) -> list[int]:
-    """Host, on a reload that changes only a model's nice value: set it on its running workers (the
-    children of its pool's master) instead of replacing them; workers forked later read it at fork."""
-    changed = []
-    for task in Path(f"/proc/{master}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            for pid in map(int, task.read_text().split()):
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, pid, nice)
-                    changed.append(pid)
-    return changed
-
-
 def apply_nice(nice: int) -> None:
     """In a worker after fork: lower this process's weight to its model's share."""
     if nice > 0:

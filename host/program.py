@@ -27,11 +27,14 @@ Process rules, in the order they run:
    it to this process, so a pool stops gracefully and nginx finishes what it holds; nothing runs
    on without its supervisor. It survives exec (unless set-uid), and is not inherited by forks.
 
-`janitor` is the program supervisord starts first and stops last: on SIGTERM (supervisord
-stopping, or its own death) it waits for every other program's group to be gone, then removes
-the models' cgroups and the host's run folder. So even a host process killed with SIGKILL (its
-supervisord then gets SIGTERM by the same parent-death signal) leaves no process, cgroup or
-folder behind.
+`janitor` is a process of the host's own, beside supervisord (not one of its programs): it waits
+for supervisord to exit (a pidfd: woken by the exit, no polling), then for every recorded program
+group to be gone (bounded by the host's current `graceful_timeout`, read from host.json then),
+and removes the models' cgroups and the host's run folder. Nothing a reload does stops
+supervisord, so no reload can set it off; and a host killed with SIGKILL (its supervisord then
+gets SIGTERM by its parent-death signal and stops every program) still leaves no process, cgroup
+or folder behind. It ignores the stop signals that reach the whole unit or terminal (systemd's
+KillMode, Ctrl-C): its one trigger is supervisord's exit.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -202,14 +207,32 @@ def run(args: argparse.Namespace) -> None:
 
 
 def janitor(args: argparse.Namespace) -> None:
-    """Wait for SIGTERM (module doc), then clean up after every other program of the host."""
-    set_parent_death_signal(signal.SIGTERM)
-    stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the host stops in order
-    while not stopping:
-        signal.pause()
-    clean_up(Path(args.run_dir), Path(args.cgroup) if args.cgroup else None, args.wait)
+    """Wait for supervisord to exit (module doc), then clean up after every program of the host."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_IGN)  # its one trigger is supervisord's exit
+    run_dir = Path(args.run_dir)
+    wait_for_exit(args.supervisord)
+    clean_up(run_dir, Path(args.cgroup) if args.cgroup else None, _grace(run_dir, args.wait))
+
+
+def wait_for_exit(pid: int) -> None:
+    """Block until process `pid` (not a child) has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [])  # readable once the process has exited
+    finally:
+        os.close(fd)
+
+
+def _grace(run_dir: Path, default: float) -> float:
+    """How long the programs may take to stop: the host's graceful_timeout as of its last reload, + 10 s."""
+    try:
+        return float(json.loads((run_dir / "host.json").read_text(encoding="utf-8"))["graceful_timeout"]) + 10
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
 
 
 def clean_up(run_dir: Path, cgroup: Path | None, wait: float) -> None:
@@ -260,10 +283,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--hand-over", action="store_true", help="leave the previous run's processes to the host (nginx)"
     )
     exec_.add_argument("command", nargs="+")
-    janitor_ = sub.add_parser("janitor", help="remove the host's cgroups and run folder when the host stops")
+    janitor_ = sub.add_parser("janitor", help="remove the host's cgroups and run folder once supervisord exited")
     janitor_.add_argument("--run-dir", required=True)
     janitor_.add_argument("--cgroup", default="")
-    janitor_.add_argument("--wait", type=float, default=35.0, help="seconds to wait for the other programs")
+    janitor_.add_argument("--supervisord", type=int, required=True, help="the pid whose exit starts the clean-up")
+    janitor_.add_argument("--wait", type=float, default=40.0, help="seconds to wait for the programs (no host.json)")
     args = parser.parse_args(argv)
     if args.mode == "exec":
         run(args)

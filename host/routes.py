@@ -24,8 +24,10 @@ $ONNXPOOL_HOST_DIR and $ONNXPOOL_CONFIG; a reload HUPs it, and the new worker re
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +37,9 @@ from werkzeug.exceptions import HTTPException
 
 from onnxpool import __version__
 from onnxpool.config.callers import caller_book_of
-from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, load_settings
+from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, ConfigError, load_settings
 from onnxpool.config.settings import Settings
-from onnxpool.host.state import HostModel, metrics_folders, read_host, read_pool_description
+from onnxpool.host.state import HostModel, HostState, metrics_folders, read_host, read_pool_description
 from onnxpool.server import auth, metrics, routes_docs
 from onnxpool.server.context import error_response, json_response
 from onnxpool.server.model_states import READY, model_list, repository_index
@@ -53,17 +55,20 @@ class HostView:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._stamp: tuple[int, int] | None = None
-        self._models: tuple[HostModel, ...] = ()
+        self._state = HostState()
 
-    def models(self) -> tuple[HostModel, ...]:
+    def state(self) -> HostState:
         try:
             stat = (self.run_dir / "host.json").stat()
             stamp = (stat.st_mtime_ns, stat.st_ino)
         except OSError:
-            return ()
+            return HostState()
         if stamp != self._stamp:
-            self._models, self._stamp = read_host(self.run_dir).models, stamp
-        return self._models
+            self._state, self._stamp = read_host(self.run_dir), stamp
+        return self._state
+
+    def models(self) -> tuple[HostModel, ...]:
+        return self.state().models
 
     def find(self, name: str) -> HostModel | None:
         return next((model for model in self.models() if name == model.name or name in model.aliases), None)
@@ -173,6 +178,17 @@ class HostSeries:
         self.view = view
 
     def collect(self) -> Iterator[Metric]:
+        reading = self.view.state().reading
+        yield GaugeMetricFamily(
+            "onnxpool_host_settings_applied",
+            "1 if the host applied its settings file at its last reading (start or HUP), 0 if it refused it",
+            value=1.0 if reading.applied else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "onnxpool_host_settings_read_timestamp_seconds",
+            "When the host last read its settings file (Unix time), applied or refused",
+            value=reading.time,
+        )
         state = GaugeMetricFamily(
             "onnxpool_model_state", "1 for the state each model of the host is in", labels=["model", "state"]
         )
@@ -187,13 +203,32 @@ class HostSeries:
         yield restarts
 
 
+_read: Settings | None = None
+"""The settings the routes' master read last (`read_settings`); its workers are forked with them."""
+
+
+def read_settings() -> Settings:
+    """Master, at start and at each HUP (host/routes_conf.py): $ONNXPOOL_CONFIG's settings. A file that no
+    longer loads (edited again since the host's HUP, say) is one line, and the routes keep what they had:
+    they never stop answering the probes over it."""
+    global _read
+    try:
+        _read = load_settings(Path(os.environ[ENV_CONFIG_FILE]), pool="").settings
+    except ConfigError as exc:
+        if _read is None:
+            raise
+        logging.getLogger("onnxpool.host").error("reload: the host's routes keep their settings: %s", exc)
+    return _read
+
+
 def create_app(run_dir: Path | None = None, settings: Settings | None = None) -> Flask:
-    """The host's routes over `run_dir` (default $ONNXPOOL_HOST_DIR) with the host's settings (default:
-    $ONNXPOOL_CONFIG's): [auth] keys guard every route but the probes, /openapi.json and /docs."""
+    """The host's routes over `run_dir` (default $ONNXPOOL_HOST_DIR) with the host's settings (default: those
+    its master read, else $ONNXPOOL_CONFIG's): [auth] keys guard every route but the probes, /openapi.json
+    and /docs."""
     if run_dir is None:
         run_dir = Path(os.environ[ENV_HOST_DIR])
     if settings is None:
-        settings = load_settings(Path(os.environ[ENV_CONFIG_FILE]), pool="").settings
+        settings = _read or load_settings(Path(os.environ[ENV_CONFIG_FILE]), pool="").settings
     view = HostView(run_dir)
     app = Flask(__name__)
     auth_on = auth.install(app, caller_book_of(settings), settings.auth.protect_metrics)
@@ -225,7 +260,8 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
 
     @app.get("/v2/models")
     def models() -> Response:
-        return json_response(model_list(view.models()))
+        state = view.state()
+        return json_response({**model_list(state.models), "settings_file": asdict(state.reading)})
 
     @app.post("/v2/repository/index")
     def index() -> Response:

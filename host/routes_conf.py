@@ -2,7 +2,8 @@
 
 Named explicitly so that gunicorn never reads a `gunicorn.conf.py` from the working folder (the
 one-model server's). One worker with a few threads: the routes read small files and answer at once.
-The app is not preloaded: a HUP (the host's reload) makes a new worker that reads the settings anew.
+The app is not preloaded: a HUP (the host's reload) makes a new worker, forked with the settings the
+master read anew (`routes.read_settings`: a file that no longer loads keeps the last good ones).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import os
 from pathlib import Path
 
 from onnxpool import logs
-from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, load_settings
+from onnxpool.config.loader import ENV_HOST_DIR
+from onnxpool.host.routes import read_settings
 
-_settings = load_settings(Path(os.environ[ENV_CONFIG_FILE]), pool="").settings
+_settings = read_settings()
 _run = Path(os.environ[ENV_HOST_DIR])
 
 wsgi_app = "onnxpool.host.routes:create_app()"

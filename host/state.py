@@ -55,8 +55,22 @@ class HostModel(ServedModel):
 
 
 @dataclass(frozen=True)
+class Reading:
+    """The host's last reading of its settings file (at start or a HUP): applied, or refused and why."""
+
+    applied: bool = True
+    time: float = 0.0
+    """When (Unix seconds)."""
+    reason: str = ""
+    """Why it was refused ("" when applied): the running models keep the settings they had."""
+
+
+@dataclass(frozen=True)
 class HostState:
     models: tuple[HostModel, ...] = field(default_factory=tuple)
+    reading: Reading = field(default_factory=Reading)
+    graceful_timeout: float = 30.0
+    """The host's `[server] graceful_timeout` as of its last reading (the janitor's bound, host/program.py)."""
 
     def model(self, name: str) -> HostModel | None:
         return next((model for model in self.models if model.name == name), None)
@@ -70,8 +84,15 @@ def write_json(path: Path, document: object) -> None:
     os.replace(partial, path)
 
 
-def write_host(folder: Path, models: Sequence[HostModel]) -> None:
-    write_json(folder / HOST_FILE, {"models": [asdict(model) for model in models]})
+def write_host(folder: Path, models: Sequence[HostModel], reading: Reading, graceful_timeout: float) -> None:
+    write_json(
+        folder / HOST_FILE,
+        {
+            "models": [asdict(model) for model in models],
+            "reading": asdict(reading),
+            "graceful_timeout": graceful_timeout,
+        },
+    )
 
 
 def read_host(folder: Path) -> HostState:
@@ -81,7 +102,9 @@ def read_host(folder: Path) -> HostState:
     except (OSError, ValueError):
         return HostState()
     return HostState(
-        tuple(HostModel(**{**item, "aliases": tuple(item.get("aliases", ()))}) for item in document.get("models", []))
+        tuple(HostModel(**{**item, "aliases": tuple(item.get("aliases", ()))}) for item in document.get("models", [])),
+        Reading(**document.get("reading", {})),
+        float(document.get("graceful_timeout", HostState.graceful_timeout)),
     )
 
 

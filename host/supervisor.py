@@ -1,8 +1,10 @@
 """supervisord for a host serving several models: its configuration, and the calls the host makes.
 
-supervisord (PyPI `supervisor`) runs every process of the host but the host itself: the janitor
-(started first, stopped last), the host's routes, one gunicorn pool per model, and nginx
-(started by the host once the pools are ready; stopped first). What it does that the host does
+supervisord (PyPI `supervisor`) runs every process of the host but the host itself and its janitor
+(host/program.py): the host's routes, one gunicorn pool per model, and nginx (started by the host
+once the pools are ready; stopped first). Each program's section holds only what is fixed for the
+host's life (a changed section would be a restarted program): what a reload changes reaches the
+programs by their HUP. What it does that the host does
 not: restart a program that dies, alone, with a growing back-off; stop a program's whole process
 group (`killasgroup`) when it does not stop in time; start programs in priority order and stop
 them in the reverse order, each group stopped before the next. The host talks to it over its
@@ -26,16 +28,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-JANITOR = "janitor"
 ROUTES = "routes"
 NGINX = "nginx"
 POOL_PREFIX = "model-"
 """A model's program is `model-<name>` (a model's name is URL-safe: letters, digits, `-`, `_`, `.`)."""
 
-PRIORITY = {JANITOR: 1, ROUTES: 10, NGINX: 900}
+PRIORITY = {ROUTES: 10, NGINX: 900}
 POOL_PRIORITY = 100
 START_RETRIES = 3
-"""A program that exits while starting is started again 3 times (after 1, 2, 3 s), then FATAL."""
+"""A program that exits while starting is started again 3 times (after 1, 2, 3 s), then FATAL (the
+host then starts a pool again itself, with a capped back-off: host/controller.py)."""
+STOP_BACKSTOP_SECONDS = 3600
+"""stopwaitsecs of every program: a backstop only. A section holds nothing a reload may change (a
+changed section is a program restarted), and each program bounds its own stop by the host's current
+graceful_timeout (gunicorn's graceful_timeout, nginx's worker_shutdown_timeout); the host stops
+them itself, every pool at once, and kills what outlives graceful_timeout + 5 s."""
 CALL_SECONDS = 10.0
 CALL_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 """What a call raises when supervisord is starting, stopping or gone."""
@@ -44,6 +51,8 @@ USERNAME = "onnxpool"
 # supervisord's process states (supervisor.states.ProcessStates), as its XML-RPC names them.
 RUNNING_STATES = frozenset({"STARTING", "RUNNING"})
 FAILED_STATES = frozenset({"BACKOFF", "FATAL", "EXITED", "UNKNOWN"})
+STOPPING_STATES = frozenset({"STARTING", "RUNNING", "STOPPING"})
+"""A program told to stop is not gone yet in these."""
 
 
 def pool_program(model: str) -> str:
@@ -60,7 +69,7 @@ class Program:
     environment: Mapping[str, str] = field(default_factory=dict)
     autostart: bool = True
     stopsignal: str = "TERM"
-    stopwaitsecs: float = 10.0
+    stopwaitsecs: float = STOP_BACKSTOP_SECONDS
     startsecs: int = 1
     autorestart: bool = True
 
@@ -166,6 +175,21 @@ class Supervisor:
         from supervisor.xmlrpc import SupervisorTransport  # the host process only
 
         transport = SupervisorTransport(USERNAME, self.password, serverurl=self.url)
+        connection = transport._get_connection
+
+        def timed_connection() -> Any:
+            """supervisor's unix connection sets no timeout: a hung supervisord would hang the host."""
+            made = connection()
+            connect = made.connect
+
+            def connect_with_timeout() -> None:
+                connect()
+                made.sock.settimeout(CALL_SECONDS)
+
+            made.connect = connect_with_timeout
+            return made
+
+        transport._get_connection = timed_connection
         return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
 
     @property
@@ -195,6 +219,13 @@ class Supervisor:
 
     def start(self, program: str) -> None:
         self.api.startProcess(program, False)
+
+    def stop(self, program: str) -> None:
+        """Its stop signal, without waiting (not running: nothing to do)."""
+        try:
+            self.api.stopProcess(program, False)
+        except xmlrpc.client.Fault:
+            pass
 
     def signal(self, program: str, name: str) -> None:
         self.api.signalProcess(program, name)

@@ -18,6 +18,7 @@ from onnxpool.config.loader import (
     ENV_POOL,
     SECRET_KEYS,
     ConfigError,
+    LoadedSettings,
     config_file_named,
     config_path_from,
     load_settings,
@@ -75,27 +76,41 @@ def _names_several_models(config_file: Path) -> bool:
 
 
 def _config(args: argparse.Namespace) -> int:
-    """Print the effective settings and where each value came from."""
+    """Print the effective settings and where each value came from; on a file with several models, the
+    host's own and then each model's as its pool reads them."""
     try:
         loaded = load_settings(args.config)
+        pools = {name: load_settings(args.config, pool=name) for name in loaded.settings.models}
     except ConfigError as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
-    flat = loaded.settings.model_dump(mode="json")
     print(f"# config file: {loaded.config_file}")
     links = loaded.service_links_line()
     if links:
         print(f"# {links}")
-    width = max(len(k) for k in loaded.sources)
-    for key, source in loaded.sources.items():
+    if not pools:
+        _print_sources(loaded)
+        return 0
+    print("# the host: its front door, budgets and the settings every model shares")
+    _print_sources(loaded, skip=("model.", "task.", "models.", "tasks."))
+    for name, view in pools.items():
+        print(f"\n# model {name}: what its pool serves ([models.{name}], [tasks.{name}] over the shared sections)")
+        _print_sources(view)
+    return 0
+
+
+def _print_sources(loaded: LoadedSettings, skip: tuple[str, ...] = ()) -> None:
+    flat = loaded.settings.model_dump(mode="json")
+    keys = [key for key in loaded.sources if not key.startswith(skip)]
+    width = max((len(k) for k in keys), default=0)
+    for key in keys:
         value: object = flat
         for part in key.split("."):
             assert isinstance(value, dict)
             value = value[part]
         if tuple(key.split(".")) in SECRET_KEYS and isinstance(value, list):
             value = [mask_key(str(item)) for item in value]  # keys never reach a terminal or a log
-        print(f"{key:<{width}} = {value!r:<45} # {source}")
-    return 0
+        print(f"{key:<{width}} = {value!r:<45} # {loaded.sources[key]}")
 
 
 def _nginx_config(args: argparse.Namespace) -> int:

@@ -86,6 +86,8 @@ class Serving:
     generation: Generation
     app: Flask
     callers: CallerBook
+    identity: tuple[object, ...] = ()
+    """What its workers serve (`_identity`): a HUP that reads the same one forks no new workers."""
 
     @property
     def binds(self) -> list[str]:
@@ -143,6 +145,8 @@ class GenerationApp:
 
 WSGI_APP = GenerationApp()
 _serving: Serving | None = None
+_unchanged = False
+"""Set by a reload's `configure()` that read what is served: that reload forks no workers."""
 _opened: Flask | None = None
 """Worker: the app whose task `start_in_worker` has run here (its `finish` runs in worker_exit)."""
 
@@ -158,7 +162,7 @@ def configure() -> Serving:
         generation = pool.validate(loaded)
         try:
             callers = callers_of(generation.settings)
-            app = _build_app(generation, pool, callers)
+            app, identity = _build_app(generation, pool, callers)
         except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
@@ -166,6 +170,12 @@ def configure() -> Serving:
         if _serving is None and pool is not None:
             pool.run.remove()  # nothing was forked: leave no folder behind
         return _refuse(exc)
+    if _serving is not None and identity == _serving.identity:
+        global _unchanged
+        _unchanged = True  # this HUP forks no workers (serve_on_when_unchanged)
+        pool.reject(generation)  # its model copy goes; the running workers' stays
+        log.info("reload: the settings, task, keys and model read are the ones served: the workers serve on")
+        return _serving
     pool.adopt(generation)
     if _serving is not None:
         log.info("reload: new workers serve the re-read settings and model %s", generation.settings.model.path)
@@ -173,7 +183,7 @@ def configure() -> Serving:
             log.info("%s", generation.model_choice)
         _warn_cpu_fit(generation)
     reloaded = _serving is not None
-    _serving = Serving(pool=pool, generation=generation, app=app, callers=callers)
+    _serving = Serving(pool=pool, generation=generation, app=app, callers=callers, identity=identity)
     if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
         _log_callers(_serving)
     return _serving
@@ -258,8 +268,10 @@ def _log_callers(s: Serving) -> None:
         )
 
 
-def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> Flask:
+def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple[Flask, tuple[object, ...]]:
+    """The generation's app, and what it serves (`_identity`)."""
     from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
+    from onnxpool.tasks.identity import task_identity
 
     settings = generation.settings
     # The task, built and bound to the model here, before any fork: its class imported and checked,
@@ -276,7 +288,15 @@ def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> Flask
 
         document = openapi_document(settings, task, auth=AUTH_KEY in app.extensions)
         write_pool_description(host, settings.model.name, task.routes, document, pool.lanes_bound(callers))
-    return app
+    identity = (
+        settings,
+        generation.model_digest,
+        generation.layout,
+        task_identity(task),  # its code, the files its settings name (labels...), what it read
+        callers,  # the keys file's callers and quotas
+        _host_nice(settings),
+    )
+    return app, identity
 
 
 def host_dir() -> Path | None:
@@ -363,6 +383,7 @@ def on_starting(server: Any) -> None:
         log.info("metrics: GET /metrics sums the per-process files in %s", s.pool.run.metrics)
     _publish_build_info(s, layout.workers)
     hand_over_on_reload(server)
+    serve_on_when_unchanged(server)
 
 
 def _core_list(cores: tuple[int, ...]) -> str:
@@ -538,6 +559,32 @@ def hand_over_on_reload(server: Any) -> None:
             server.kill_worker(pid, signal.SIGTERM)
 
     server.manage_workers = manage_workers
+
+
+def serve_on_when_unchanged(server: Any) -> None:
+    """Master: a HUP whose config load read exactly what is served (`Serving.identity`) forks no workers.
+
+    gunicorn's `reload()` forks a full new set of workers and stops the old one: for a file that changed
+    nothing of this pool (a several-models host HUPs every pool; an operator's reflex HUP) that is every
+    worker's warm-up for nothing. The running workers serve the same settings, task and model, so the
+    spawning is skipped for that one reload (`_unchanged`, set by `configure()`); a worker that dies later is
+    replaced as ever.
+    """
+    spawn: Callable[[], Any] = server.spawn_worker
+    reload: Callable[[], None] = server.reload
+
+    def spawn_worker() -> Any:
+        return None if _unchanged else spawn()
+
+    def reload_once() -> None:
+        global _unchanged
+        try:
+            reload()
+        finally:
+            _unchanged = False
+
+    server.spawn_worker = spawn_worker
+    server.reload = reload_once
 
 
 def _wait_until_warm(server: Any, workers: list[Any], limit: float) -> None:

@@ -363,12 +363,12 @@ def leftovers_of(text: str) -> list[str]:
 
 
 BAD_RELOADS: dict[str, tuple[Callable[[Path], str], str]] = {
-    "bad TOML": (lambda folder: "[models.iris\n", "keeping the running models"),
-    "a name key": (lambda folder: iris_table("added", 'name = "x"\n'), "keeping the running models"),
-    "an unknown key": (lambda folder: iris_table("added", "colour = 1\n"), "keeping the running models"),
+    "bad TOML": (lambda folder: "[models.iris\n", "reload: refused"),
+    "a name key": (lambda folder: iris_table("added", 'name = "x"\n'), "reload: refused"),
+    "an unknown key": (lambda folder: iris_table("added", "colour = 1\n"), "reload: refused"),
     "a missing model file": (
         lambda folder: image_table("added", folder / "ghost.onnx"),
-        "keeping the running models",
+        "reload: refused",
     ),
     "a corrupt model": (lambda folder: corrupt_model(folder).replace("broken", "added"), "UNAVAILABLE"),
     "a task raising in bind": (lambda folder: raising_task(folder).replace("broken", "added"), "UNAVAILABLE"),
@@ -410,7 +410,8 @@ def test_bad_reloads_keep_the_running_models_and_tell_the_truth(tmp_path: Path) 
             write_settings(config, iris_table("iris", one_worker(0.5)), tiny)  # back to the two models
             mark = len(host.log())
             host.server.signal(signal.SIGHUP)
-            host.wait_for("the reload back", lambda: "added" not in states(host), timeout=60)
+            host.wait_for("the reload back", lambda: "reload: applied" in host.log()[mark:], timeout=60)  # noqa: B023
+            assert "added" not in states(host)
 
 
 def test_a_second_text_model_on_a_reload_without_the_js_module_is_unavailable(tmp_path: Path) -> None:

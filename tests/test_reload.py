@@ -7,6 +7,7 @@ And it hands over without a gap: the old workers serve until every new one is wa
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -136,14 +137,15 @@ def test_hup_applies_every_setting_and_keeps_the_last_good_ones(tmp_path: Path) 
         assert srv.process.poll() is None
 
 
-# Demo model, one thread per worker: ~11 ms per inference here, so 60 warm-up runs keep a new
-# worker busy for ~0.7 s (more while the old workers serve beside it): well past max_queue_ms.
+# The demo model, one thread per worker, max_queue_ms 250. Each new worker's warm-up is made to take
+# about WARM_UP_SECONDS by design, whatever the CPU: the warm-up runs are set from the inference time the
+# first workers measured (their ready line), so a gap in the hand-over would always be past max_queue_ms.
 HANDOFF_SETTINGS = {
     "ONNXPOOL_SERVER__THREADS_PER_WORKER": "1",
-    "ONNXPOOL_MODEL__WARMUP_RUNS": "60",
     "ONNXPOOL_LIMITS__MAX_QUEUE_MS": "250",
     "ONNXPOOL_CACHE__ENABLED": "false",  # every request needs a worker's inference
 }
+WARM_UP_SECONDS = 1.2
 READY_LINE = re.compile(r"model load (\d+) ms, warm-up (\d+) runs \(first ([\d.]+) ms, last ([\d.]+) ms\)")
 
 
@@ -155,6 +157,12 @@ def warm_up_seconds(log: str) -> list[float]:
     ]
 
 
+def runs_for(log: str, seconds: float) -> int:
+    """Warm-up runs that take `seconds` at the slowest inference the ready lines so far measured."""
+    slowest = max(float(last) for *_, last in READY_LINE.findall(log))
+    return max(10, math.ceil(seconds * 1000 / max(slowest, 0.01)))
+
+
 @pytest.mark.slow
 @pytest.mark.nginx
 @pytest.mark.skipif(nginx_binary() is None, reason="nginx binary not installed (apt-get install nginx-light)")
@@ -164,16 +172,24 @@ def test_hup_keeps_the_old_workers_serving_until_the_new_ones_are_warm(tmp_path:
     Without the hand-over, gunicorn stops the old workers as soon as it has forked the new ones,
     and requests wait in the listen backlog for a whole warm-up: past max_queue_ms, so shed (503).
     """
+    config = tmp_path / "onnxpool.toml"
+    config.write_text("[model]\nwarmup_runs = 20\n", encoding="utf-8")
     instance: Instance | None = None
     front: Nginx | None = None
     try:
-        instance = start_instance(tmp_path, f"127.0.0.1:{free_port()}", HANDOFF_SETTINGS, workers=2)
+        settings = {**HANDOFF_SETTINGS, "ONNXPOOL_CONFIG": str(config)}
+        instance = start_instance(tmp_path, f"127.0.0.1:{free_port()}", settings, workers=2)
+        runs = runs_for(instance.log(), WARM_UP_SECONDS)
+        config.write_text(f"[model]\nwarmup_runs = {runs}\n", encoding="utf-8")
+        hup_and_wait(instance, 2)  # from now on each new worker warms up for WARM_UP_SECONDS or more
+        measured_from = len(READY_LINE.findall(instance.log()))
         front = start_nginx(tmp_path, [instance.upstream])
         load = LoadRunner(front.url, binary_infer(MODEL_NAME, X), clients=2, max_requests=100_000, max_seconds=45)
         load.start()
         load.wait_for(20)
         generations = [set(instance.workers())]
-        for _ in range(2):
+        for more in (1, 2):  # each HUP reads a changed file (a HUP that changes nothing forks no workers)
+            config.write_text(f"[model]\nwarmup_runs = {runs + more}\n", encoding="utf-8")
             hup_and_wait(instance, 2)
             generations.append(set(instance.workers()))
             load.wait_for(load.stats.ok + 20)
@@ -185,13 +201,36 @@ def test_hup_keeps_the_old_workers_serving_until_the_new_ones_are_warm(tmp_path:
         if instance is not None:
             instance.stop()
 
-    warm = warm_up_seconds(log)
+    warm = warm_up_seconds(log)[measured_from:]
     shed = sum("HTTP 503" in failure for failure in stats.failures)
     print(f"\nHUP x2: sent {stats.sent}, ok {stats.ok}, shed {shed}, failed {len(stats.failures)}; warm-up {warm}")
-    assert len(warm) == 6 and min(warm) > 0.5, warm  # each warm-up is clearly longer than max_queue_ms
+    assert len(warm) == 4 and min(warm) > 0.5, warm  # each warm-up is clearly longer than max_queue_ms
     assert all(len(g) == 2 for g in generations)
     assert not generations[0] & generations[1] and not generations[1] & generations[2], generations  # reloaded
     assert stats.failures == [], stats.failures[:5]
+
+
+def test_a_hup_that_changes_nothing_forks_no_workers_and_one_that_does_replaces_them(tmp_path: Path) -> None:
+    """The same file, task files and model: the workers serve on (no warm-up for nothing); an edited labels
+    file: new workers, serving the new labels."""
+    model = build_tiny_model(tmp_path / "model.onnx", bias=0.0)
+    labels, config = tmp_path / "labels.txt", tmp_path / "onnxpool.toml"
+    write_labels(labels, "old-")
+    write_settings(config, model, labels, top_k=1)
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "2"}, workers=2, config=config) as srv:
+        before = set(srv.workers())
+        srv.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "the workers serve on" not in srv.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "reload: the settings, task, keys and model read are the ones served: the workers serve on" in srv.log()
+        time.sleep(0.5)
+        assert set(srv.workers()) == before, "a HUP that changed nothing replaced the workers"
+        assert labels_of(predict(srv))[0].startswith("old-")
+
+        write_labels(labels, "new-")
+        hup_and_wait(srv, 2)
+        assert labels_of(predict(srv))[0].startswith("new-")
 
 
 class FakeWorker:
