@@ -221,6 +221,15 @@ def read_settings() -> Settings:
     return _read
 
 
+def _drain() -> None:
+    """Read the request's body to its end before answering without it (a model this host does not serve, or
+    no longer: a removed model's infer). Closed unread, nginx may still be sending it: its write fails
+    (EPIPE) and the client gets nginx's 503 instead of this answer. nginx bounds the body (max_body_bytes)."""
+    stream = request.stream
+    while stream.read(1 << 16):
+        pass
+
+
 def create_app(run_dir: Path | None = None, settings: Settings | None = None) -> Flask:
     """The host's routes over `run_dir` (default $ONNXPOOL_HOST_DIR) with the host's settings (default: those
     its master read, else $ONNXPOOL_CONFIG's): [auth] keys guard every route but the probes, /openapi.json
@@ -240,6 +249,7 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> Response:
+        _drain()
         if exc.code == 405:
             return error_response(f"method {request.method} is not allowed on {request.path}", 405)
         if exc.code == 404:
@@ -276,6 +286,7 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
     @app.route("/v1/models/<name>", methods=["GET", "POST"])
     @app.route("/v1/models/<name>/<path:rest>", methods=["GET", "POST"])
     def model_route(name: str, rest: str = "") -> Response:
+        _drain()
         name = name.partition(":")[0]  # KServe v1: /v1/models/<name>:predict
         model = view.find(name)
         if model is None:

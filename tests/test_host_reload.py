@@ -44,7 +44,7 @@ from tests.host_harness import (
 )
 from tests.slow_model import FOREVER, build_slow_model, infer_body
 from tests.tiny_models import build_tiny_model
-from tests.v2client import LoadRunner, LoadStats, binary_infer
+from tests.v2client import LoadRunner, LoadStats, binary_infer, closed_as_sent
 
 pytestmark = HOST_TEST_MARKS
 
@@ -250,16 +250,32 @@ def test_removing_a_model_under_load_loses_nothing_and_readiness_stays(tmp_path:
         iris = iris_loop(host)
         removed: Counter[int] = Counter()
         ready: Counter[int] = Counter()
+        odd: list[str] = []
         stop = threading.Event()
         call = binary_infer("tiny", np.zeros((1, 3, 224, 224), np.float32))
 
         def loop(target: Counter[int], send: object) -> None:
-            with requests.Session() as session:
-                while not stop.is_set():
+            """Keep-alive, as a backend does; a request on a connection nginx's reload closed as it went out is
+            sent again once (nginx before 1.27.4 closes idle keep-alive connections when it reloads: DEPLOYING)."""
+            session = requests.Session()
+            while not stop.is_set():
+                try:
                     try:
-                        target[send(session).status_code] += 1  # type: ignore[operator]
-                    except requests.RequestException:
-                        target[0] += 1
+                        reply = send(session)  # type: ignore[operator]
+                    except requests.ConnectionError as exc:
+                        if not closed_as_sent(exc):
+                            raise
+                        target[-1] += 1  # sent again
+                        session.close()
+                        reply = send(session)  # type: ignore[operator]
+                except requests.RequestException as exc:
+                    target[0] += 1
+                    odd.append(f"{time.time():.3f} {exc}")
+                    continue
+                target[reply.status_code] += 1
+                if reply.status_code not in (200, 404):
+                    odd.append(f"{time.time():.3f} {reply.status_code} {reply.text[:200]}")
+            session.close()
 
         threads = [
             threading.Thread(target=loop, args=(removed, lambda s: s.post(host.url + call.path, data=call.body,
@@ -281,8 +297,8 @@ def test_removing_a_model_under_load_loses_nothing_and_readiness_stays(tmp_path:
             stats = iris.stop()
         print(f"\nremoval: tiny's loop {dict(removed)}, readiness {dict(ready)}, iris {stats.ok}/{stats.sent}")
         assert_nothing_lost(stats)
-        assert set(ready) == {200}, ready
-        assert set(removed) <= {200, 404} and removed[200] > 0 and removed[404] > 0, removed
+        assert set(ready) <= {200, -1} and ready[-1] <= 1, (ready, odd[:5])  # -1: sent again, once per reload
+        assert set(removed) <= {200, 404, -1} and removed[200] > 0 and removed[404] > 0, (removed, odd[:5])
         assert list(model_list(host)) == ["iris"]
 
 

@@ -119,6 +119,7 @@ def test_every_worker_finishes_its_task_when_it_stops(tmp_path: Path) -> None:
     with running_server(tmp_path, settings, config=config, workers=WORKERS) as server:
         first = set(server.ready_workers())
         assert len(first) == WORKERS and not list(markers.iterdir())
+        (tmp_path / "labels.txt").write_text("large\nsmall\n")  # a change: a HUP that reads none forks nothing
         hup_and_wait(server, WORKERS)  # the first generation's workers stop once the new ones are warm
         assert {int(marker.name) for marker in markers.iterdir()} == first
         second = set(server.ready_workers()) - first
