@@ -17,13 +17,22 @@ old, ...), and drift falls on both alike:
      (`--config minilm`, cache off): /v1/embeddings sentences/s at `--concurrency`
      connections, one sentence per request, cycling through benchmarks.text_sentences.
 The result is each side's median and the new/old ratio of medians (1.00 = no change).
+
+`--new-env KEY=VALUE` sets a setting of the new side's servers only, and `--trace-sink` points
+the new side's `[tracing] endpoint` at an OTLP endpoint that discards (benchmarks.trace_sink):
+the same checkout on both sides then measures what a setting costs (`--old .`: tracing on at
+ratio 1.0 against off).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
@@ -75,6 +84,25 @@ def embeddings_rate(generator: LoadGenerator, args: argparse.Namespace) -> float
     return step.items_per_second
 
 
+@contextmanager
+def trace_sink() -> Iterator[str]:
+    """benchmarks.trace_sink on a free loopback port, in a process of its own; its endpoint."""
+    port = free_port()
+    sink = subprocess.Popen([sys.executable, "-m", "benchmarks.trace_sink", "--port", str(port)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > deadline or sink.poll() is not None:
+                raise RuntimeError("the trace sink did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        sink.terminate()
+        sink.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", type=Path, required=True, help="the other checkout (with its own .venv)")
@@ -84,17 +112,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--hits", type=int, default=300)
     parser.add_argument("--embeddings", action="store_true", help="also /v1/embeddings on MiniLM (make minilm)")
+    parser.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting (ONNXPOOL_...) of the new side's servers only")  # fmt: skip
+    parser.add_argument("--trace-sink", action="store_true", help="the new side traces to a discarding endpoint")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     image = CAT_JPEG.read_bytes()
     sides = {"old": args.old.resolve(), "new": REPO}
+    extra = {"old": {}, "new": dict(item.split("=", 1) for item in args.new_env)}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         logs = Path(tmp)
+        if args.trace_sink:
+            extra["new"]["ONNXPOOL_TRACING__ENDPOINT"] = stack.enter_context(trace_sink())
+
+        def settings(name: str, base: dict[str, str]) -> dict[str, str]:
+            return {**base, **extra[name]}
+
         off = {
-            name: stack.enter_context(checkout_server(path, logs, f"{name}-off", {"ONNXPOOL_CACHE__ENABLED": "false"}))
+            name: stack.enter_context(
+                checkout_server(path, logs, f"{name}-off", settings(name, {"ONNXPOOL_CACHE__ENABLED": "false"}))
+            )
             for name, path in sides.items()
         }
-        on = {name: stack.enter_context(checkout_server(path, logs, f"{name}-on", {})) for name, path in sides.items()}
+        on = {
+            name: stack.enter_context(checkout_server(path, logs, f"{name}-on", settings(name, {})))
+            for name, path in sides.items()
+        }
         print("servers up; measuring", file=sys.stderr)
         rates = alternating_rounds(
             {name: partial(predict_rate, server, args) for name, server in off.items()}, args.rounds, "/predict req/s"
@@ -111,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             cycle = workload(sentences(), 1)
             generators = {}
             for name, path in sides.items():
-                server = stack.enter_context(checkout_server(path, logs, f"{name}-minilm", text))
+                server = stack.enter_context(checkout_server(path, logs, f"{name}-minilm", settings(name, text)))
                 generators[name] = stack.enter_context(LoadGenerator(server.url, cycle, args.concurrency))
             embedded = alternating_rounds(
                 {name: partial(embeddings_rate, generator, args) for name, generator in generators.items()},

@@ -91,9 +91,7 @@ from onnxpool.host.state import (
     POOLS_DIR,
     HostModel,
     Reading,
-    description_stamp,
     pool_error_file,
-    pool_routes,
     pool_socket,
     read_pool_error,
     write_host,
@@ -107,6 +105,7 @@ from onnxpool.host.supervisor import (
     pool_program,
     wrapped,
 )
+from onnxpool.host.watcher import WatchedPool, answers_ready, follow_routes, set_state
 from onnxpool.proxy import nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
 from onnxpool.workers.cores import cpu_allowance
@@ -141,26 +140,17 @@ class HostError(Exception):
 
 
 @dataclass
-class Model:
-    """One model of the host as this process tracks it."""
+class Model(WatchedPool):
+    """One model of the host as this process tracks it (its pool: host/watcher.py)."""
 
-    name: str
-    entry: ModelEntry
-    plan: ModelPlan | None
-    address: str
-    state: str = LOADING
-    reason: str = ""
+    plan: ModelPlan | None = None
     required: bool = True
     error: str = ""
-    """Its pool's last error line (the reason without what the supervisor does about it)."""
-    starts: int = 0
+    """Its pool's last error line (the reason without what the host does about it)."""
     pid: int = 0
     """The pool master's pid supervisord reports (0: none yet)."""
     ready_pid: int = 0
     """The pid that answered ready: a new pid (a restart) is LOADING until it answers."""
-    routes: tuple[str, ...] = ()
-    lanes: int = 0
-    """Callers' lanes its pool bound beside its socket (its description)."""
     has_program: bool = True
     reload_pending: bool = False
     """A HUP came while its pool was starting (a gunicorn master that is still loading dies of a HUP):
@@ -169,11 +159,6 @@ class Model:
     """How many times in a row supervisord gave up on its pool (the host's back-off, RETRY_SECONDS)."""
     retry_at: float = 0.0
     """When the host starts it again (monotonic; 0: not scheduled)."""
-    routed: bool = False
-    described: int = 0
-    """The mtime of its pool's description when its routes were read (its master rewrites it at a HUP)."""
-    """Its pool has been ready once: nginx routes to it from then on, while it restarts too (its requests
-    then get nginx's 503), so a restart reloads nothing."""
 
 
 @dataclass
@@ -354,14 +339,14 @@ class Host:
             env=env,
             preexec_fn=_die_with_parent,  # this process killed: supervisord stops every program, in order
         )
-        # The janitor: its own session (a Ctrl-C or a unit's stop reaches it not), woken by supervisord's exit.
+        # The janitor: in the host's session, as the programs whose groups it waits for (group_members looks in
+        # its own session); it ignores the stop signals (host/program.py), woken by supervisord's exit alone.
         self.janitor = subprocess.Popen(
             [
                 *(sys.executable, "-m", "onnxpool.host.program", "janitor", "--run-dir", str(self.run.path)),
                 *("--cgroup", str(self.priority.folder or ""), "--supervisord", str(self.supervisord.pid)),
                 *("--wait", str(self.settings.server.graceful_timeout + 10)),
             ],
-            start_new_session=True,
         )
         self.control = Supervisor(self.run.path, self.password)
         self.control.wait_running(lambda: self.supervisord is not None and self.supervisord.poll() is None)
@@ -389,16 +374,15 @@ class Host:
                     log.warning("model %s: its pool was restarted (pid %d)", name, pid)
             if statename in supervisor.RUNNING_STATES and pid:
                 if model.ready_pid != pid:
-                    if probe.probe(model.address, "/v2/health/ready", timeout=PROBE_SECONDS) is None:
-                        self._read_routes(model)
-                        model.ready_pid, model.routed, model.gave_up = pid, True, 0
-                        changed |= self._set(model, READY, "")
+                    if answers_ready(self.run.path, model):
+                        model.ready_pid, model.gave_up = pid, 0
+                        changed |= set_state(model, READY, "")
                         if model.reload_pending:  # its master read the file before the HUP: again now
                             self._reload_pool(model, info)
                     else:
-                        changed |= self._set(model, LOADING, "")
-                elif description_stamp(self.run.path, name) != model.described:
-                    self._read_routes(model)  # a HUP replaced its task: nginx follows its routes
+                        changed |= set_state(model, LOADING, "")
+                else:
+                    follow_routes(self.run.path, model)  # a HUP replaced its task: nginx follows its routes
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
                 changed |= self._failed(model, statename)
         return changed
@@ -425,7 +409,7 @@ class Host:
             if time.monotonic() >= model.retry_at:
                 self._start_pool(model)
             why += " (started again with back-off; a HUP retries it at once)"
-        return self._set(model, UNAVAILABLE, why)
+        return set_state(model, UNAVAILABLE, why)
 
     def _start_pool(self, model: Model) -> None:
         """Start a pool that is not running (supervisord gave up on it, or it stopped)."""
@@ -435,19 +419,6 @@ class Host:
         log.info("model %s: its pool starts again", model.name)
         with contextlib.suppress(xmlrpc.client.Fault):
             self.control.start(pool_program(model.name))
-
-    def _read_routes(self, model: Model) -> None:
-        model.described, model.routes, model.lanes = pool_routes(self.run.path, model.name)
-
-    def _set(self, model: Model, state: str, reason: str) -> bool:
-        if (model.state, model.reason) == (state, reason):
-            return False
-        if state == READY:
-            log.info("model %s: READY (pool pid %d)", model.name, model.pid)
-        elif state == UNAVAILABLE:
-            log.error("model %s: UNAVAILABLE: %s", model.name, reason)
-        model.state, model.reason = state, reason
-        return True
 
     def _publish(self) -> None:
         models = []
@@ -477,13 +448,7 @@ class Host:
     def _routable(self) -> tuple[PoolRoute, ...]:
         """The pools nginx routes to: every model with a program whose pool has loaded once, in the
         file's order (a route several models' tasks have, /predict, is the first one's)."""
-        return tuple(
-            PoolRoute(
-                name=name, aliases=model.entry.aliases, address=model.address, routes=model.routes, lanes=model.lanes
-            )
-            for name, model in self.models.items()
-            if model.has_program and model.routed
-        )
+        return tuple(model.route() for model in self.models.values() if model.has_program and model.routed)
 
     def _front_door_files(self, pools: tuple[PoolRoute, ...]) -> Path:
         return write_checked_front_door(self.run.path / NGINX_DIR, self.loaded, pools, self.routes_address, self.binary)
@@ -506,7 +471,7 @@ class Host:
             if not added:
                 log.error("reload: the front door keeps its files: %s", exc)
             for name in added:
-                self._set(self.models[name], UNAVAILABLE, str(exc))
+                set_state(self.models[name], UNAVAILABLE, str(exc))
                 self._drop_program(name)
             self._publish()
             return
@@ -807,32 +772,16 @@ class Host:
         return 0
 
     def _stop_programs(self) -> None:
-        """nginx first: it stops taking connections at once and passes on what it has read; HAND_OVER_SECONDS
-        later (or once it is gone) every pool and the routes are told to stop, all at once: each finishes what
-        it holds (nginx relays those replies) within graceful_timeout. What is left at graceful_timeout + 5 s
-        from the start is killed."""
+        """nginx first, then every pool and the routes at once (`Supervisor.stop_in_waves`); what is left at
+        graceful_timeout + 5 s is killed."""
         assert self.control is not None
-        t0 = time.monotonic()
-        deadline = t0 + self.settings.server.graceful_timeout + 5
         pools = [pool_program(name) for name, model in self.models.items() if model.has_program]
-        self.control.stop(NGINX)
-        self._await_stopped([NGINX], min(deadline, t0 + HAND_OVER_SECONDS))
-        for program in (*pools, ROUTES):
-            self.control.stop(program)
-        self._await_stopped([NGINX, *pools, ROUTES], deadline)
-        for program in (NGINX, *pools, ROUTES):
+        grace = self.settings.server.graceful_timeout + 5
+        for program in self.control.stop_in_waves([NGINX], [*pools, ROUTES], HAND_OVER_SECONDS, grace):
             pgid = read_group(group_file(self.run.path, program))
             if pgid is not None and group_members(pgid):
                 log.warning("stopping: %s outlived graceful_timeout + 5 s: killed", program)
                 signal_group(pgid, signal.SIGKILL)
-
-    def _await_stopped(self, programs: list[str], deadline: float) -> None:
-        assert self.control is not None
-        while time.monotonic() < deadline:
-            states = self.control.states()
-            if not any(states.get(p, {}).get("statename") in supervisor.STOPPING_STATES for p in programs):
-                return
-            time.sleep(START_POLL_SECONDS)
 
     def clean_up(self) -> None:
         clean_up(self.run.path, self.priority.folder, self.settings.server.graceful_timeout + 10)

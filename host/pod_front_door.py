@@ -43,10 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from onnxpool import logs, probe
+from onnxpool import logs
 from onnxpool.config.callers import CallerBook
 from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
-from onnxpool.config.settings import ModelEntry
 from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
 from onnxpool.host.nginx_workers import await_new_workers, nginx_workers
 from onnxpool.host.state import (
@@ -54,13 +53,12 @@ from onnxpool.host.state import (
     POOLS_DIR,
     HostModel,
     Reading,
-    description_stamp,
     pool_error_file,
-    pool_routes,
     pool_socket,
     read_pool_error,
     write_host,
 )
+from onnxpool.host.watcher import WatchedPool, answers_ready, follow_routes, set_state
 from onnxpool.proxy import FORWARD, copy_lines, nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
 
@@ -76,24 +74,12 @@ PRIORITY = "its container's cpu request (cgroup weight)"
 
 
 @dataclass
-class WatchedModel:
-    """One model's container as the front door sees it."""
+class WatchedModel(WatchedPool):
+    """One model's container as the front door sees it (its pool: host/watcher.py); `starts` counts its
+    READYs (1, then one more per restart)."""
 
-    name: str
-    entry: ModelEntry
-    address: str
-    state: str = LOADING
-    reason: str = ""
-    routes: tuple[str, ...] = ()
-    lanes: int = 0
-    """Callers' lanes its pool bound beside its socket (its description)."""
-    routed: bool = False
-    """Ready once: nginx routes to it from then on."""
-    described: int = 0
     ready_at: float = 0.0
     """Wall-clock time of its last READY: an error line written since is about this run."""
-    starts: int = 0
-    """How many times it became READY (1, then one more per restart)."""
     refused: str = ""
     """Why nginx cannot route it (its js module missing): UNAVAILABLE for good."""
 
@@ -160,19 +146,6 @@ class PodFrontDoor:
                 return read_pool_error(self.folder, model.name)
         return ""
 
-    def _set(self, model: WatchedModel, state: str, reason: str) -> bool:
-        if (model.state, model.reason) == (state, reason):
-            return False
-        if state == READY:
-            log.info("model %s: READY", model.name)
-        elif state == UNAVAILABLE:
-            log.error("model %s: UNAVAILABLE: %s", model.name, reason)
-        model.state, model.reason = state, reason
-        return True
-
-    def _read_routes(self, model: WatchedModel) -> None:
-        model.described, model.routes, model.lanes = pool_routes(self.folder, model.name)
-
     def poll(self) -> bool:
         """One look at every model; True when a state changed."""
         changed = False
@@ -180,22 +153,20 @@ class PodFrontDoor:
             if model.refused:
                 continue
             if model.state == READY and accepts(model.address):
-                if description_stamp(self.folder, model.name) != model.described:
-                    self._read_routes(model)  # a new description: nginx follows its routes
+                follow_routes(self.folder, model)  # a new description: nginx follows its routes
                 continue
-            if model.state != READY and probe.probe(model.address, "/v2/health/ready", PROBE_SECONDS) is None:
-                self._read_routes(model)
-                model.routed, model.ready_at = True, time.time()
+            if model.state != READY and answers_ready(self.folder, model):
+                model.ready_at = time.time()
                 model.starts += 1
-                changed |= self._set(model, READY, "")
+                changed |= set_state(model, READY, "")
                 continue
             error = self._error_since_ready(model)
             if error:
-                changed |= self._set(model, UNAVAILABLE, f"{error} ({RESTARTS})")
+                changed |= set_state(model, UNAVAILABLE, f"{error} ({RESTARTS})")
             elif model.starts:
-                changed |= self._set(model, UNAVAILABLE, f"its pool stopped answering ({RESTARTS})")
+                changed |= set_state(model, UNAVAILABLE, f"its pool stopped answering ({RESTARTS})")
             else:
-                changed |= self._set(model, LOADING, f"waiting for its pool at {model.address} (its container)")
+                changed |= set_state(model, LOADING, f"waiting for its pool at {model.address} (its container)")
         return changed
 
     def publish(self) -> None:
@@ -203,17 +174,7 @@ class PodFrontDoor:
         write_host(self.folder, models, self.reading, self.loaded.settings.server.graceful_timeout)
 
     def _routable(self) -> tuple[PoolRoute, ...]:
-        return tuple(
-            PoolRoute(
-                name=model.name,
-                aliases=model.entry.aliases,
-                address=model.address,
-                routes=model.routes,
-                lanes=model.lanes,
-            )
-            for model in self.models.values()
-            if model.routed and not model.refused
-        )
+        return tuple(model.route() for model in self.models.values() if model.routed and not model.refused)
 
     def route(self) -> None:
         """Write nginx's files for the routable models, and start nginx or HUP it when they changed. A
@@ -232,7 +193,7 @@ class PodFrontDoor:
                 if pool.name not in known:
                     model = self.models[pool.name]
                     model.refused = str(exc)
-                    self._set(model, UNAVAILABLE, str(exc))
+                    set_state(model, UNAVAILABLE, str(exc))
             self.publish()
             if self.routed is None:
                 self.route()  # nginx starts without them

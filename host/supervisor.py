@@ -227,6 +227,27 @@ class Supervisor:
         except xmlrpc.client.Fault:
             pass
 
+    def stop_in_waves(self, first: list[str], then: list[str], hand_over: float, seconds: float) -> list[str]:
+        """Stop `first` (nginx: it stops taking connections at once and passes on what it has read), and
+        `hand_over` s later (or once they are gone) every program of `then` at once: each finishes what it
+        holds (nginx relays those replies). Returns the programs still stopping after `seconds` in all."""
+        t0 = time.monotonic()
+        deadline = t0 + seconds
+        for program in first:
+            self.stop(program)
+        self._await_stopped(first, min(deadline, t0 + hand_over))
+        for program in then:
+            self.stop(program)
+        return self._await_stopped([*first, *then], deadline)
+
+    def _await_stopped(self, programs: list[str], deadline: float) -> list[str]:
+        while True:
+            states = self.states()
+            left = [p for p in programs if states.get(p, {}).get("statename") in STOPPING_STATES]
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.05)
+
     def signal(self, program: str, name: str) -> None:
         self.api.signalProcess(program, name)
 

@@ -29,7 +29,8 @@ from onnxpool.proxy import js_module
 from onnxpool.workers.run_folder import default_base
 from tests.deploy_harness import nginx_binary
 from tests.harness import REPO, Server, children_of, clean_env, free_port, parse_cpu_list, proc_status, spawn_logged
-from tests.v2client import binary_infer
+from tests.tiny_models import build_tiny_model
+from tests.v2client import LoadRunner, binary_infer
 
 NGINX = nginx_binary()
 HOST_TEST_MARKS = [
@@ -191,7 +192,7 @@ class Host:
         return found[0]
 
     def program(self, name: str) -> int:
-        """The pid of a program supervisord runs (`nginx`, `routes`, `janitor`, `model-<name>`)."""
+        """The pid of a program supervisord runs (`nginx`, `routes`, `model-<name>`), or of the host's janitor."""
         for pid in children_of(self.supervisord()):
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -200,7 +201,9 @@ class Host:
                     return pid
                 if name == "routes" and title.startswith("gunicorn: master") and "host routes" in title:
                     return pid
-                if name == "janitor" and b"janitor" in command:
+        for pid in children_of(self.pid):  # the janitor is the host's own child, beside supervisord
+            with contextlib.suppress(OSError):
+                if name == "janitor" and b"janitor" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return pid
         if name.startswith("model-"):
             return self.masters()[name.removeprefix("model-")]
@@ -300,11 +303,11 @@ def serve_argv(config: Path) -> list[str]:
     return [sys.executable, "-m", "onnxpool.cli", "serve", "--config", str(config)]
 
 
-def start_host(
+def spawn_host(
     folder: Path, config: Path, *, cores: int | None = None, env_extra: dict[str, str] | None = None
 ) -> Host:
-    """`onnxpool serve` on `config` (bound to a free port); `cores`: under taskset, on that many cores
-    (a file whose models have "auto" workers then starts as many as on a machine of that size)."""
+    """`onnxpool serve` on `config` (bound to a free port), just started; `cores`: under taskset, on that many
+    cores (a file whose models have "auto" workers then starts as many as on a machine of that size)."""
     port = free_port()
     env = clean_env({"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1", **(env_extra or {})})
     log_path = folder / f"host-{port}.log"
@@ -312,7 +315,14 @@ def start_host(
     if cores is not None and shutil.which("taskset"):
         argv = ["taskset", "-c", ",".join(map(str, sorted(os.sched_getaffinity(0))[:cores])), *argv]
     process = spawn_logged(argv, log_path, env)
-    host = Host(Server(process=process, port=port, log_path=log_path, env=env, bind=f"127.0.0.1:{port}"), config)
+    return Host(Server(process=process, port=port, log_path=log_path, env=env, bind=f"127.0.0.1:{port}"), config)
+
+
+def start_host(
+    folder: Path, config: Path, *, cores: int | None = None, env_extra: dict[str, str] | None = None
+) -> Host:
+    """`spawn_host`, until every model is ready."""
+    host = spawn_host(folder, config, cores=cores, env_extra=env_extra)
     try:
         host.wait_ready()
     except BaseException:
@@ -407,6 +417,34 @@ def check_every_worker(host: Host) -> None:
 
 
 # --- requests -------------------------------------------------------------------------------------
+
+
+def loop_on(host: Host, model: str, clients: int = 2, seconds: float = 120.0) -> LoadRunner:
+    """A closed loop of v2 binary infers on `model` (iris, else an image model such as tiny) through the
+    front door, started and past its first 20 answers; keep-alive resends counted (retry_stale)."""
+    if model.startswith("iris"):
+        call = binary_infer(model, np.array([SETOSA], np.float32), output_name="probabilities")
+    else:
+        call = binary_infer(model, np.zeros((1, 3, 224, 224), np.float32))
+    loop = LoadRunner(host.url, call, clients=clients, max_seconds=seconds, max_requests=1_000_000, retry_stale=True)
+    loop.start()
+    loop.wait_for(20)
+    return loop
+
+
+def states(host: Host) -> dict[str, str]:
+    """Each model's state, as the host's /v2/models says it."""
+    return {name: str(model["state"]) for name, model in model_list(host).items()}
+
+
+def two_models(folder: Path, server: str = "") -> Path:
+    """iris (the looped model) and tiny (the victim): one worker each."""
+    return write_settings(
+        folder / "host.toml",
+        iris_table("iris", one_worker(0.5)),
+        image_table("tiny", build_tiny_model(folder / "tiny.onnx", bias=0.0), one_worker(0.5)),
+        server=server,
+    )
 
 
 def kserve(host: Host, model: str, rows: list[list[float]] | None = None) -> requests.Response:

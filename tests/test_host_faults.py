@@ -28,11 +28,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 
-from tests.harness import clean_env, free_port, spawn_logged
 from tests.host_harness import (
     HOST_TEST_MARKS,
     NGINX,
@@ -40,20 +38,22 @@ from tests.host_harness import (
     Host,
     image_table,
     iris_table,
+    loop_on,
     model_list,
     one_worker,
     run_once,
     running_host,
-    serve_argv,
     session_members,
+    spawn_host,
     start_host,
+    states,
     text_table,
+    two_models,
     wait_gone,
     write_settings,
 )
 from tests.text_models import build_text_model_folder
-from tests.tiny_models import build_tiny_model
-from tests.v2client import LoadRunner, LoadStats, binary_infer
+from tests.v2client import LoadRunner, LoadStats
 
 pytestmark = HOST_TEST_MARKS
 
@@ -97,26 +97,8 @@ def record(fault: str, stats: LoadStats | None, state: str, left: list[str]) -> 
     print(f"\n{fault}: loop {loop}; {state}; left {left or 'nothing'}")
 
 
-def two_models(folder: Path, server: str = "") -> Path:
-    """iris (the looped model) and tiny (the victim): one worker each."""
-    return write_settings(
-        folder / "host.toml",
-        iris_table("iris", one_worker(0.5)),
-        image_table("tiny", build_tiny_model(folder / "tiny.onnx", bias=0.0), one_worker(0.5)),
-        server=server,
-    )
-
-
 def iris_loop(host: Host) -> LoadRunner:
-    call = binary_infer("iris", np.array([SETOSA], np.float32), output_name="probabilities")
-    loop = LoadRunner(host.url, call, clients=2, max_seconds=LOOP_SECONDS, max_requests=1_000_000, retry_stale=True)
-    loop.start()
-    loop.wait_for(20)
-    return loop
-
-
-def states(host: Host) -> dict[str, str]:
-    return {name: str(model["state"]) for name, model in model_list(host).items()}
+    return loop_on(host, "iris", seconds=LOOP_SECONDS)
 
 
 def alive(pid: int) -> bool:
@@ -229,13 +211,8 @@ def slow_image(folder: Path, name: str) -> str:
 
 def test_sigterm_while_the_models_start_leaves_nothing(tmp_path: Path) -> None:
     config = write_settings(tmp_path / "host.toml", iris_table("iris", one_worker(0.5)), slow_image(tmp_path, "slow"))
-    port = free_port()
-    env = clean_env({"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
-    log = tmp_path / "host.log"
-    process = spawn_logged(serve_argv(config), log, env)
-    from tests.harness import Server
-
-    host = Host(Server(process=process, port=port, log_path=log, env=env, bind=f"127.0.0.1:{port}"), config)
+    host = spawn_host(tmp_path, config)
+    process, log = host.server.process, host.server.log_path
     try:
         deadline = time.monotonic() + 60
         while "worker ready" not in log.read_text(errors="replace") and time.monotonic() < deadline:

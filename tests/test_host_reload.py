@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import requests
 
-from tests.harness import Server, clean_env, free_port, spawn_logged
 from tests.host_harness import (
     HOST_TEST_MARKS,
     IRIS,
@@ -35,43 +34,21 @@ from tests.host_harness import (
     image_table,
     iris_table,
     kserve,
+    loop_on,
     model_list,
     one_worker,
     running_host,
-    serve_argv,
+    spawn_host,
+    states,
+    two_models,
     wait_gone,
     write_settings,
 )
 from tests.slow_model import FOREVER, build_slow_model, infer_body
 from tests.tiny_models import build_tiny_model
-from tests.v2client import LoadRunner, LoadStats, binary_infer, closed_as_sent
+from tests.v2client import LoadStats, binary_infer, closed_as_sent
 
 pytestmark = HOST_TEST_MARKS
-
-
-def iris_loop(host: Host, model: str = "iris", clients: int = 2) -> LoadRunner:
-    """A closed loop of v2 infers on `model` (iris, or an image model such as tiny) through the front door."""
-    if model.startswith("iris"):
-        call = binary_infer(model, np.array([SETOSA], np.float32), output_name="probabilities")
-    else:
-        call = binary_infer(model, np.zeros((1, 3, 224, 224), np.float32))
-    loop = LoadRunner(host.url, call, clients=clients, max_seconds=120, max_requests=1_000_000, retry_stale=True)
-    loop.start()
-    loop.wait_for(20)
-    return loop
-
-
-def states(host: Host) -> dict[str, str]:
-    return {name: str(model["state"]) for name, model in model_list(host).items()}
-
-
-def tiny_and_iris(folder: Path, server: str = "", extra: str = "") -> Path:
-    return write_settings(
-        folder / "host.toml",
-        iris_table("iris", one_worker(0.5)),
-        image_table("tiny", build_tiny_model(folder / "tiny.onnx", bias=0.0), one_worker(0.5)),
-        server=server,
-    )
 
 
 def hup(host: Host) -> int:
@@ -99,11 +76,11 @@ def assert_nothing_lost(*loops: LoadStats) -> None:
 
 
 def test_a_hup_that_changes_graceful_timeout_keeps_every_program_running(tmp_path: Path) -> None:
-    config = tiny_and_iris(tmp_path, server="graceful_timeout = 6")
+    config = two_models(tmp_path, server="graceful_timeout = 6")
     with running_host(tmp_path, config) as host:
         folder = run_folder(host)
-        programs = {name: host.program(name) for name in ("nginx", "routes", "model-iris", "model-tiny")}
-        loop = iris_loop(host)
+        programs = {name: host.program(name) for name in ("janitor", "nginx", "routes", "model-iris", "model-tiny")}
+        loop = loop_on(host, "iris")
         try:
             write_settings(
                 config,
@@ -137,7 +114,7 @@ def test_an_edited_labels_file_is_served_after_hup_with_the_cache_on(tmp_path: P
     tiny = image_table("tiny", build_tiny_model(tmp_path / "tiny.onnx", bias=0.0), one_worker(0.5))
     config = write_settings(tmp_path / "host.toml", iris, tiny, server="[cache]\nenabled = true\n")
     with running_host(tmp_path, config) as host:
-        loop = iris_loop(host, "tiny", clients=1)
+        loop = loop_on(host, "tiny", clients=1)
         try:
             first = kserve(host, "iris").json()["predictions"][0]["label"]
             assert kserve(host, "iris").json()["predictions"][0]["label"] == first == "setosa"  # the second: a hit
@@ -176,9 +153,9 @@ def kill_until_given_up(host: Host, model: str) -> int:
 
 
 def test_a_pool_that_gave_up_comes_back_by_hup_and_by_itself(tmp_path: Path) -> None:
-    with running_host(tmp_path, tiny_and_iris(tmp_path)) as host:
+    with running_host(tmp_path, two_models(tmp_path)) as host:
         folder = run_folder(host)
-        loop = iris_loop(host)
+        loop = loop_on(host, "iris")
         try:
             kills = kill_until_given_up(host, "tiny")
             said = model_list(host)["tiny"]
@@ -245,9 +222,9 @@ def test_a_keys_file_edit_changes_nothing_until_hup_then_nginx_and_the_pools_tog
 
 
 def test_removing_a_model_under_load_loses_nothing_and_readiness_stays(tmp_path: Path) -> None:
-    config = tiny_and_iris(tmp_path)
+    config = two_models(tmp_path)
     with running_host(tmp_path, config) as host:
-        iris = iris_loop(host)
+        iris = loop_on(host, "iris")
         removed: Counter[int] = Counter()
         ready: Counter[int] = Counter()
         odd: list[str] = []
@@ -313,10 +290,10 @@ def host_metric(host: Host, name: str) -> float:
 
 
 def test_a_refused_reload_is_shown_with_its_reason_and_changes_nothing(tmp_path: Path) -> None:
-    config = tiny_and_iris(tmp_path)
+    config = two_models(tmp_path)
     good = config.read_text(encoding="utf-8")
     with running_host(tmp_path, config) as host:
-        loop = iris_loop(host)
+        loop = loop_on(host, "iris")
         try:
             assert reading(host)["applied"] is True
             for broken, reason in (
@@ -354,12 +331,8 @@ def reading(host: Host) -> dict[str, object]:
 
 @pytest.mark.parametrize("after", [0.2, 0.4, 0.6, 0.8, 1.0])
 def test_sigterm_early_in_the_start_leaves_nothing(tmp_path: Path, after: float) -> None:
-    config = tiny_and_iris(tmp_path)
-    port = free_port()
-    env = clean_env({"ONNXPOOL_SERVER__BIND": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"})
-    log = tmp_path / "host.log"
-    process = spawn_logged(serve_argv(config), log, env)
-    host = Host(Server(process=process, port=port, log_path=log, env=env, bind=f"127.0.0.1:{port}"), config)
+    host = spawn_host(tmp_path, two_models(tmp_path))
+    process = host.server.process
     try:
         time.sleep(after)
         process.send_signal(signal.SIGTERM)
