@@ -95,8 +95,7 @@ def draw(spans: list[ReceivedSpan], timing: str, path: str, out: Path) -> None:
     server = next(s for _, s in rows if s.is_server)
     ax.set_xlim(0, server.ms * 1.45)
     ax.set_title(
-        f"One /predict (a cache miss) in the caller's trace {server.trace_id[:16]}…, {path}\n"
-        f"Server-Timing: {timing}",
+        f"One /predict (a cache miss) in the caller's trace {server.trace_id[:16]}…, {path}\nServer-Timing: {timing}",
         fontsize=9,
         loc="left",
     )
