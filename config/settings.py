@@ -548,6 +548,47 @@ class CacheSettings(Section):
         return value
 
 
+class TracingSettings(Section):
+    """`[tracing]`: OpenTelemetry traces of the requests the workers answer, sent over OTLP/HTTP.
+
+    Off unless an endpoint is given (here, or by `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`). Each worker
+    makes its own exporter after fork and flushes it as it exits; a collector that is down costs
+    requests nothing (its spans are dropped and counted in /metrics). docs/DEPLOYING.md, "Tracing".
+    """
+
+    endpoint: str = ""
+    """The collector's OTLP/HTTP base URL, e.g. "http://127.0.0.1:4318" (Jaeger, Tempo, the OpenTelemetry
+    Collector); `/v1/traces` is appended as the OTLP spec says (a URL already ending in it is used as it
+    is). "" = `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` if set (a full URL, used as it is), else tracing is off."""
+
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The share of the traces this server starts that are recorded (a request without a `traceparent`);
+    a request with one is recorded as its caller decided (a parent-based sampler)."""
+
+    service_name: str = Field(default="", max_length=128)
+    """`service.name` of the spans; "" = `OTEL_SERVICE_NAME` if set, else the model's name (with several
+    models, each model's pool is its own service unless a name is set here for the whole host)."""
+
+    flush_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    """How long a worker that exits (TERM, a HUP's replacement, max_requests) waits for its last spans to
+    reach the collector; past it, they are dropped (and counted)."""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str) -> str:
+        return value and check_otlp_url(value)
+
+
+def check_otlp_url(value: str) -> str:
+    """An OTLP/HTTP URL: http:// or https://, a host, no query or fragment (the endpoint settings)."""
+    match = re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d{1,5})?(/[^\s?#]*)?", value)
+    if match is None:
+        raise ValueError('must be an http:// or https:// URL with a host, e.g. "http://127.0.0.1:4318"')
+    if match.group(2) is not None and not 0 < int(match.group(2)[1:]) <= 65535:
+        raise ValueError("the port must be 1..65535")
+    return value
+
+
 class Settings(Section):
     """All of onnxpool's settings."""
 
@@ -562,6 +603,7 @@ class Settings(Section):
     """`[caller.<name>]`: the named callers' weights, models and quotas (config/callers.py)."""
     metrics: MetricsSettings = MetricsSettings()
     cache: CacheSettings = CacheSettings()
+    tracing: TracingSettings = TracingSettings()
     task: dict[str, Any] = Field(default_factory=dict)
     """`[task]`: the settings of `[model] task`, validated by the task's own model when it is built."""
     models: dict[str, ModelEntry] = Field(default_factory=dict)

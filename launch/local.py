@@ -54,6 +54,9 @@ class SessionRunner:
     def phase(self, name: str) -> AbstractContextManager[None]:
         return nullcontext()
 
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[dict[str, Any]]:
+        return nullcontext({})  # untraced
+
 
 def open_session(model: Path, threads: int = 1, optimization: str = "all") -> ort.InferenceSession:
     """One CPU session as a worker builds it (explicit thread counts, the same disabled optimisers)."""

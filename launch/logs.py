@@ -3,8 +3,10 @@
 Returned as a `logconfig_dict` for gunicorn, so the master sets it up once and
 every forked worker inherits it. A filter on the one handler stamps each record
 logged during a request with that request's id (`server.request_id`), so app
-lines carry `rid=...` like the access line does; in JSON mode the access line
-becomes structured fields (method, path, status, duration, request id...).
+lines carry `rid=...` like the access line does, and, when the request is traced
+(`[tracing]`), its trace id beside it (`trace=<32 hex>`, the id a tracing UI
+finds the trace by); in JSON mode the access line becomes structured fields
+(method, path, status, duration, request id, trace id...).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ ACCESS_LOGGER = "gunicorn.access"
 
 
 class TextFormatter(logging.Formatter):
-    """TEXT_FORMAT, plus ` rid=<id>` on lines logged while serving a request.
+    """TEXT_FORMAT, plus ` rid=<id>` on lines logged while serving a request, and ` trace=<id>` after it
+    when the request is traced.
 
     The access line already has `rid=` from ACCESS_FORMAT, so it is not doubled.
     """
@@ -37,6 +40,9 @@ class TextFormatter(logging.Formatter):
         rid = getattr(record, "request_id", None)
         if rid is not None and record.name != ACCESS_LOGGER:
             line = f"{line} rid={rid}"
+        trace = getattr(record, "trace_id", None)
+        if trace is not None:
+            line = f"{line} trace={trace}"
         return line
 
 
@@ -68,7 +74,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("request_id", "slot"):
+        for key in ("request_id", "trace_id", "slot"):
             if hasattr(record, key):
                 entry[key] = getattr(record, key)
         if record.name == ACCESS_LOGGER and isinstance(record.args, Mapping):

@@ -53,8 +53,9 @@ def port_with_free_lanes(lanes: int) -> int:
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The current environment without onnxpool settings, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXPOOL_")}
+    """The current environment without onnxpool settings (nor the OTEL_* variables that turn tracing on
+    and shape it: `[tracing]`), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONNXPOOL_", "OTEL_"))}
     env.update(extra or {})
     return env
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import platform
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -231,6 +231,9 @@ class RecordingRunner:
     def phase(self, name: str) -> AbstractContextManager[None]:
         return nullcontext()
 
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[dict[str, Any]]:
+        return nullcontext({})  # untraced
+
 
 class ReplayRunner:
     """A runner that answers the recorded feeds, in their order, with outputs computed elsewhere."""
@@ -253,6 +256,9 @@ class ReplayRunner:
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[dict[str, Any]]:
+        return nullcontext({})  # untraced
 
     def finished(self) -> None:
         if self.done != len(self.outputs):

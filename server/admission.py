@@ -51,6 +51,7 @@ def _header_deadline(raw: str) -> float:
 def _shed_if_waited(timer: timing.RequestTimer, budget: float, reason: str) -> None:
     waited = timer.waited(time.time())
     if waited is not None and waited > budget:
+        timer.annotate("onnxpool.shed", reason)  # on the request's server span, when traced
         raise Unavailable(
             f"request shed: it waited {waited * 1000:.0f} ms for a worker, more than {reason} "
             f"({budget * 1000:.0f} ms); retry later",

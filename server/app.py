@@ -37,6 +37,8 @@ from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
 from onnxpool.server.operations import TaskOperation, V2Infer
 from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
+from onnxpool.server.tracing import Tracing
+from onnxpool.server.tracing_plan import plan_tracing
 from onnxpool.server.v2codec import RequestLimits
 from onnxpool.tasks.api import Task
 from onnxpool.tasks.errors import OnnxpoolError
@@ -126,6 +128,9 @@ def create_app(
             record_metrics=settings.metrics.enabled,
             server_timing=settings.metrics.server_timing,
         ),
+        # Planned here, in the master (a bad OTEL_* variable is a ConfigError like a bad setting);
+        # its provider and exporter are each worker's own, made after fork (open_in_worker).
+        tracing=Tracing(plan_tracing(settings, task.name), settings.metrics.enabled),
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -147,7 +152,7 @@ def create_app(
     # Every request that runs the model: one path, before Flask (server.dataplane).
     app.wsgi_app = DataPlane(app.wsgi_app, ctx, gates.of(app), operation_routes(ctx))  # type: ignore[method-assign]
     # request state, ids, Server-Timing, metrics, GET /metrics: outermost
-    instrument.install(app, settings, task.name)
+    instrument.install(app, settings, task.name, ctx.tracing)
     return app
 
 
@@ -175,17 +180,25 @@ def task_of(app: Flask) -> Task[Any, Any, Any]:
 
 
 def open_in_worker(app: Flask, cores: int) -> None:
-    """In each worker after fork (gunicorn post_fork): make what must not cross fork (the task's, the cache)."""
+    """In each worker after fork (gunicorn post_fork): make what must not cross fork (the task's, the cache,
+    the tracing exporter and its thread)."""
     ctx: ServerContext = app.extensions["onnxpool"]
     ctx.task.start_in_worker(cores)
     ctx.cache.open()
+    ctx.tracing.open(cores)  # `cores` is the session's intra-op threads: the inference spans say it
 
 
 def close_in_worker(app: Flask) -> None:
-    """In each worker as it exits (gunicorn worker_exit), if `open_in_worker` ran: the task's `finish`.
-    An error is one logged line: the worker is leaving anyway, and its exit must stay clean."""
-    task = task_of(app)
+    """In each worker as it exits (gunicorn worker_exit), if `open_in_worker` ran: the task's `finish`, then
+    the last spans flushed (bounded by [tracing] flush_timeout_seconds). An error is one logged line: the
+    worker is leaving anyway, and its exit must stay clean."""
+    ctx: ServerContext = app.extensions["onnxpool"]
+    task = ctx.task
     try:
         task.finish()
     except Exception as exc:  # a user's task may raise anything
         log.error("task %s: finish() raised %s: %s", task.name, type(exc).__name__, exc)
+    try:
+        ctx.tracing.close()
+    except Exception as exc:
+        log.error("tracing: the last spans were not flushed: %s: %s", type(exc).__name__, exc)

@@ -15,6 +15,7 @@ from flask import Response, current_app
 from onnxpool.config.settings import Settings
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.reply_cache import ReplyCache
+from onnxpool.server.tracing import Tracing
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import Task
 
@@ -31,6 +32,8 @@ class ServerContext:
     """The model's task ([model] task), bound to the model: reads requests, runs, writes replies."""
     cache: ReplyCache
     """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
+    tracing: Tracing
+    """Tracing ([tracing]); started in each worker after fork, off until then (and when not configured)."""
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

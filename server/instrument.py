@@ -15,10 +15,16 @@
 - Inferences are timed (`infer`) and their batch sizes counted by the data plane's
   per-request runner (`server.runner`), the only way to the session.
 - GET /metrics serves the Prometheus text (not itself counted).
+- With tracing on (`server.tracing`, in a worker after fork), each request but probes and
+  scrapes gets a server span (`server.tracing_spans`), in the caller's trace when it sent a
+  `traceparent`: started as the state is made, its `traceparent` added to the reply beside
+  X-Request-ID, ended with its phase spans after the reply, at the very reading Server-Timing's
+  total was taken at. Off, a request pays one test (`tracing.tracer is None`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -28,31 +34,44 @@ from werkzeug.wsgi import ClosingIterator
 from onnxpool.config.settings import Settings
 from onnxpool.server import metrics, request_id, request_start, timing
 from onnxpool.server.request_state import RequestState
+from onnxpool.server.tracing import Tracing
+from onnxpool.server.tracing_plan import UNTRACED_PREFIXES
 from onnxpool.tasks.server_routes import METRICS
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 UNMATCHED = "<unmatched>"
+TRACEPARENT = "traceparent"
+"""Reply header of a traced request: the trace (and server span) it is in, W3C Trace Context's format."""
 UNKNOWN_MODEL = "<unknown>"
 
 
 class Instrumentation:
     """WSGI middleware: timer, request id, reply headers, request metrics (see the module doc)."""
 
-    def __init__(self, app: WSGIApplication, *, task: str, record_metrics: bool, server_timing: bool) -> None:
+    def __init__(
+        self, app: WSGIApplication, *, task: str, record_metrics: bool, server_timing: bool, tracing: Tracing
+    ) -> None:
         self.app = app
         self.task = task
         self.record_metrics = record_metrics
         self.server_timing = server_timing
+        self.tracing = tracing
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         timer = timing.RequestTimer.arriving(request_start.parse_request_start(environ.get(request_start.ENVIRON_KEY)))
         rid = request_id.from_header(environ.get(request_id.ENVIRON_KEY))
         state = RequestState.arriving(environ, timer, rid)
         request_id.set_current(rid)
-        pending = [self.record_metrics and environ.get("PATH_INFO") != METRICS]
+        path = environ.get("PATH_INFO", "")
+        pending = [self.record_metrics and path != METRICS]
         task = self.task
+        tracer = self.tracing.tracer
+        traced = None
+        if tracer is not None and not path.startswith(UNTRACED_PREFIXES):
+            traced = tracer.start(environ, state)
+        replied_at, replied_status = 0.0, 500  # when the reply left the app (perf_counter), and its status
 
         def record(status: int, total: float) -> None:
             if pending[0]:
@@ -60,17 +79,24 @@ class Instrumentation:
                 _record_request(state, task, status, total)
 
         def reply(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            total = timer.total()  # one total for the header and the metrics
+            nonlocal replied_at, replied_status
+            replied_at = time.perf_counter()
+            replied_status = int(status[:3])
+            total = timer.total(replied_at)  # one total for the header, the metrics and the server span
             headers.append((request_id.HEADER, rid))
+            if traced is not None and traced.traceparent is not None:
+                headers.append((TRACEPARENT, traced.traceparent))
             if self.server_timing:
                 headers.append(("Server-Timing", timer.server_timing(total)))
             # Recorded here, as the reply leaves the app, not after the body is sent: a
             # client that has its answer then always finds it counted on /metrics.
-            record(int(status[:3]), total)
+            record(replied_status, total)
             return start_response(status, headers, exc_info)
 
         def finish() -> None:
             record(500, timer.total())  # counts only if the app failed before replying
+            if traced is not None:
+                traced.finish(state, replied_status, replied_at or time.perf_counter())
             request_id.set_current(None)
 
         if pending[0]:
@@ -118,16 +144,21 @@ def _metrics_view() -> Response:
     return Response(body, content_type=content_type)
 
 
-def install(app: Flask, settings: Settings, task: str) -> None:
+def install(app: Flask, settings: Settings, task: str, tracing: Tracing) -> None:
     """Add the middleware, the label hook and (when metrics are on) GET /metrics to `app`.
 
     The middleware is installed whatever the metrics settings: its timer carries the
-    parsed `X-Request-Start` that admission control sheds by.
+    parsed `X-Request-Start` that admission control sheds by. `tracing` is the generation's
+    (`ServerContext.tracing`): its tracer exists only in a worker, after fork.
     """
     enabled = settings.metrics.enabled
     app.after_request(_stash_labels(settings.model.name, settings.model.aliases))
     if enabled:
         app.add_url_rule(METRICS, "metrics", _metrics_view, methods=["GET"])
     app.wsgi_app = Instrumentation(  # type: ignore[method-assign]
-        app.wsgi_app, task=task, record_metrics=enabled, server_timing=settings.metrics.server_timing
+        app.wsgi_app,
+        task=task,
+        record_metrics=enabled,
+        server_timing=settings.metrics.server_timing,
+        tracing=tracing,
     )

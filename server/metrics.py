@@ -145,6 +145,14 @@ CACHE_BYTES = Gauge(
     ["backend"],
     multiprocess_mode="mostrecent",
 )
+TRACE_SPANS = Counter(
+    "onnxpool_trace_spans",
+    "Spans of sampled requests ([tracing]) by outcome: exported (the collector took them), export_failed "
+    "(the collector refused them, was unreachable or too slow: dropped), queue_full (a worker's span queue "
+    "was full while the collector lagged: dropped). Only with tracing on.",
+    ["outcome"],
+)
+TRACE_OUTCOMES = ("exported", "export_failed", "queue_full")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -192,6 +200,18 @@ def observe_caller(caller: str, model: str, status: int, total: float) -> None:
     """The same request, counted for its caller."""
     _child(CALLER_REQUESTS, (caller, model, str(status))).inc()
     _child(CALLER_REQUEST_SECONDS, (caller, model)).observe(total)
+
+
+def tracing_opened() -> None:
+    """In a worker whose tracing started: every outcome's series at 0 (so that increase() sees the first)."""
+    for outcome in TRACE_OUTCOMES:
+        _child(TRACE_SPANS, (outcome,))
+
+
+def observe_spans(outcome: str, count: int) -> None:
+    """Spans exported or dropped (TRACE_OUTCOMES); called from the exporter's thread too (prometheus_client
+    values are thread-safe)."""
+    _child(TRACE_SPANS, (outcome,)).inc(count)
 
 
 def observe_batch(model: str, batch: int) -> None:

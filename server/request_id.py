@@ -3,7 +3,8 @@
 nginx can set the header (`proxy_set_header X-Request-ID $request_id;`), so one
 id follows a request through nginx, onnxpool and the caller's logs. The id of
 the request being served lives in a contextvar (one per thread, so gthread
-workers are fine) that the logging filter below copies onto every log record.
+workers are fine) that the logging filter below copies onto every log record;
+so does the request's trace id when it is traced (`server.tracing_spans`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MAX_LENGTH = 128
 _VALID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_LENGTH}}}")
 
 _current: ContextVar[str | None] = ContextVar("onnxpool_request_id", default=None)
+_trace: ContextVar[str | None] = ContextVar("onnxpool_trace_id", default=None)
 
 
 def from_header(value: str | None) -> str:
@@ -37,12 +39,19 @@ def current() -> str | None:
 
 
 def set_current(value: str | None) -> None:
-    """Mark the start (an id) or the end (None) of a request in this thread."""
+    """Mark the start (an id) or the end (None) of a request in this thread (its trace id ends too)."""
     _current.set(value)
+    if value is None:
+        _trace.set(None)
+
+
+def set_trace(trace_id: str) -> None:
+    """The trace (32 hex digits) of the request this thread serves, for its log lines."""
+    _trace.set(trace_id)
 
 
 class RequestIdLogFilter(logging.Filter):
-    """Adds `request_id` to records logged while a request is being served.
+    """Adds `request_id` (and `trace_id` when traced) to records logged while a request is being served.
 
     Installed on the log handler by `onnxpool.logs.logconfig_dict`, so app lines,
     gunicorn's error lines and its access line (written before the request ends)
@@ -53,4 +62,7 @@ class RequestIdLogFilter(logging.Filter):
         rid = _current.get()
         if rid is not None and not hasattr(record, "request_id"):
             record.request_id = rid
+            trace = _trace.get()
+            if trace is not None:
+                record.trace_id = trace
         return True

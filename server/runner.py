@@ -3,17 +3,19 @@
 Made per request by the data plane over the worker's runtime (`InferenceBackend`, the
 `workers.session.SessionRuntime` after fork) and the request's phase timer: every inference
 is timed as phase "infer" and its batch size recorded, whoever asks for it (a task's `run`,
-v2 infer on the model's own tensors).
+v2 infer on the model's own tensors). A traced request's inference span gets the batch size too;
+a task's own steps become spans through `span` (`onnxpool.tasks.api.Runner.span`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from onnxpool.server import metrics
 from onnxpool.server.backend import InferenceBackend
-from onnxpool.server.timing import RequestTimer
+from onnxpool.server.timing import Attributes, RequestTimer
 from onnxpool.tasks.api import Feeds, Outputs
 
 
@@ -30,11 +32,21 @@ class RequestRunner:
         self._record = record_metrics
 
     def infer(self, feeds: Feeds, output_names: Sequence[str] | None = None) -> Outputs:
-        if self._record:
+        timer = self.timer
+        traced = timer.spans is not None
+        attributes: Attributes | None = None
+        if self._record or traced:
             first = next(iter(feeds.values()), None)
-            metrics.observe_batch(self._model, int(first.shape[0]) if first is not None and first.ndim else 1)
-        with self.timer.phase("infer"):
+            batch = int(first.shape[0]) if first is not None and first.ndim else 1
+            if self._record:
+                metrics.observe_batch(self._model, batch)
+            if traced:
+                attributes = {"onnxpool.batch_size": batch}
+        with timer.phase("infer", attributes):
             return self._backend.infer(feeds, output_names)
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return self.timer.phase(name)
+
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Attributes]:
+        return self.timer.step(name, attributes)

@@ -148,6 +148,17 @@ class Runner(Protocol):
     def phase(self, name: str) -> AbstractContextManager[None]:
         """Time a block as phase `name` of the request (`Server-Timing`, the phase histogram)."""
 
+    def span(self, name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[dict[str, Any]]:
+        """A step of your own as a span of the request's trace, when it is traced (`[tracing]`):
+
+            with runner.span("tokenize", {"onnxpool.texts": len(texts)}) as span:
+                encoded = tokenizer.encode(texts)
+                span["onnxpool.tokens"] = encoded.token_count
+
+        Nested in whatever phase or span it runs in; the dict it yields takes attributes learnt in the
+        block (str, bool, int, float). Not a phase: Server-Timing and the metrics are unchanged. Untraced
+        it times nothing and costs next to nothing (docs/TASKS.md)."""
+
 
 InputsT = TypeVar("InputsT")
 ResultT = TypeVar("ResultT")
@@ -235,8 +246,8 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         inference of `feeds` (all items as one batch).
 
         `runner.infer` runs the worker's session (timed as phase "infer", batch size counted);
-        `runner.phase(name)` times a block of your own. Override to return your own result
-        (the outputs plus what only decoding learns, such as the images' original sizes), or
+        `runner.phase(name)` times a block of your own; `runner.span(name)` traces one. Override to
+        return your own result (the outputs plus what only decoding learns, such as the images' original sizes), or
         to run several smaller batches (inputs of very different lengths sorted into
         sub-batches, so that short ones are not padded to the longest).
         """

@@ -42,6 +42,7 @@ import yaml
 from onnxpool.measure.servers import start_command
 from tests.harness import DATA, REPO, Server, free_port, start_server
 from tests.k8s_render import in_ci
+from tests.otlp_receiver import Receiver, otlp_receiver
 
 MONITORING = REPO / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
@@ -194,12 +195,21 @@ class Prometheus:
 
 
 @pytest.fixture(scope="module")
-def onnxpool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def collector() -> Iterator[Receiver]:
+    """An OTLP receiver the monitored server traces to (the Tracing row's spans counter)."""
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def onnxpool(tmp_path_factory: pytest.TempPathFactory, collector: Receiver) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("monitored")
     # The INT8 demo: its build's target and this CPU's fit are labels of onnxpool_model_cpu_fit.
     settings = {"ONNXPOOL_CONFIG": INT8_CONFIG, "ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_LIMITS__MAX_QUEUE_MS": "250"}
     # Callers told apart by a header (none sent: every request is `anonymous`'s), for the Callers row.
     settings |= {"ONNXPOOL_CALLERS__IDENTIFY": "header", "ONNXPOOL_CALLERS__LANES": "1"}
+    # Traced, to a real OTLP receiver: onnxpool_trace_spans_total for the Tracing row.
+    settings |= {"ONNXPOOL_TRACING__ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     server = start_server(tmp, settings, workers=2, lanes=1)
     try:
         yield server

@@ -136,8 +136,9 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
 
     def run(self, inputs: Classify, runner: Runner) -> np.ndarray:
         """The logits [N, classes], float32, in input order."""
-        with runner.phase("decode"):
+        with runner.phase("decode"), runner.span("tokenize") as span:
             encoded = self._encode(inputs)
+            span["onnxpool.inputs"], span["onnxpool.tokens"] = len(encoded), int(encoded.token_count)
         return self.run_sub_batches(encoded, runner, self.settings.output, lambda out, _: out.astype(np.float32))
 
     def reply(self, inputs: Classify, result: np.ndarray) -> Any:

@@ -105,8 +105,9 @@ class TextEmbedding(TextTask[EmbeddingsRequest, Embeddings, TextEmbeddingOptions
         return [canonical_key(inputs)]
 
     def run(self, inputs: EmbeddingsRequest, runner: Runner) -> Embeddings:
-        with runner.phase("decode"):
+        with runner.phase("decode"), runner.span("tokenize") as span:
             encoded = self.encode(None if inputs.pretokenized else inputs.texts, inputs.token_ids or None)
+            span["onnxpool.inputs"], span["onnxpool.tokens"] = len(encoded), int(encoded.token_count)
 
         def pooled(hidden: np.ndarray, part: Any) -> np.ndarray:
             try:
