@@ -57,7 +57,6 @@ import time
 import xmlrpc.client
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from onnxpool import logs, probe
 from onnxpool.config.callers import CallerBook
@@ -836,6 +835,15 @@ def _cores(cores: tuple[int, ...]) -> str:
 
 def serve_models(config_file: Path) -> int:
     """`onnxpool serve` with several models: returns the exit status."""
+    # The stop signals are taken first: one that comes while the host makes its run folder is handled once
+    # it can be (the start stops, nothing is left), not by the default action that would leave the folder.
+    signals: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: signals.append(signum))
+    wakeup, wake = socket.socketpair()
+    for end in (wakeup, wake):
+        end.setblocking(False)
+    signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
     try:
         loaded = load_settings(config_file, pool="")
     except ConfigError as exc:
@@ -852,20 +860,10 @@ def serve_models(config_file: Path) -> int:
         )
         return 1
     try:
-        host = Host(config_file, loaded, binary)
+        host = Host(config_file, loaded, binary, signals=signals, wakeup=wakeup)
     except HostError as exc:
         print(f"onnxpool: error: {exc}", file=sys.stderr)
         return 1
-
-    def remember(signum: int, _frame: FrameType | None) -> None:
-        host.signals.append(signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-        signal.signal(signum, remember)
-    host.wakeup, wake = socket.socketpair()
-    for end in (host.wakeup, wake):
-        end.setblocking(False)
-    signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
     pidfile = Path(loaded.settings.server.pidfile) if loaded.settings.server.pidfile else None
     if pidfile is not None:
         pidfile.write_text(f"{os.getpid()}\n")

@@ -338,7 +338,8 @@ def test_sigterm_early_in_the_start_leaves_nothing(tmp_path: Path, after: float)
         process.send_signal(signal.SIGTERM)
         process.wait(60)
         left = wait_gone(host)
-        assert process.returncode == 0, host.log()[-3000:]
+        # Before the interpreter has loaded onnxpool, SIGTERM's default action ends it (nothing was made yet).
+        assert process.returncode in (0, -signal.SIGTERM), host.log()[-3000:]
         assert left == [], left
     finally:
         host.stop()
