@@ -65,7 +65,10 @@ def gauge(server: Server) -> dict[tuple[str, str], float]:
 
 def test_workers_share_the_weights_and_load_leaves_no_high_water(tmp_path: Path) -> None:
     before = fingerprint(MINILM)
-    with running_server(tmp_path, SETTINGS, config=REPO / "config" / "minilm.toml", workers=2) as server:
+    shipped = (REPO / "config" / "minilm.toml").read_text(encoding="utf-8")
+    config = tmp_path / "minilm.toml"  # the shipped file, its model named by its absolute path
+    config.write_text(shipped.replace('"../models/minilm/model.onnx"', f'"{MINILM / "model.onnx"}"'), encoding="utf-8")
+    with running_server(tmp_path, SETTINGS, config=config, workers=2) as server:
         warm(server)
         workers = server.workers()
         memory = {pid: read_memory(pid) for pid in workers}
@@ -92,6 +95,8 @@ def test_workers_share_the_weights_and_load_leaves_no_high_water(tmp_path: Path)
         assert {pid for pid, _ in series} == {str(pid) for pid in workers}
         assert all(0 < series[(str(pid), "private")] < PRIVATE_GOAL_MB * MB for pid in workers)
 
+        # A changed setting: a HUP that reads what is served forks no workers.
+        config.write_text(config.read_text(encoding="utf-8").replace("[model]\n", "[model]\nwarmup_runs = 4\n", 1))
         hup_and_wait(server, 2)  # new workers map the new generation's copy
         warm(server, 2)
         assert all(read_memory(pid).private < PRIVATE_GOAL_MB * MB for pid in server.workers())
