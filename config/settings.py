@@ -48,6 +48,13 @@ class ServerSettings(Section):
     bind: str = "127.0.0.1:8000"
     """Address to listen on: `HOST:PORT` or `unix:/path/to.sock`."""
 
+    grpc_bind: str = ""
+    """Also serve the Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, what
+    tritonclient.grpc and KServe's stubs call, and `grpc.health.v1`) on this `HOST:PORT`, e.g.
+    "127.0.0.1:8001"; "" = off. Every worker listens on it (SO_REUSEPORT: the kernel spreads new
+    connections over them); a call runs through the same data plane as a REST request. A HUP's
+    new workers listen on the address it reads."""
+
     workers: int | Auto = "auto"
     """Worker processes; "auto" = usable cores / threads_per_worker."""
 
@@ -109,6 +116,13 @@ class ServerSettings(Section):
 
     _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
     _bind = field_validator("bind")(_check_bind)
+
+    @field_validator("grpc_bind")
+    @classmethod
+    def _grpc_address(cls, value: str) -> str:
+        if value and (value.startswith("unix:") or _check_bind(value) != value):
+            raise ValueError('must be HOST:PORT (e.g. 127.0.0.1:8001), or "" for no gRPC')
+        return value
 
     @field_validator("run_dir")
     @classmethod

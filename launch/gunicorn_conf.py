@@ -49,6 +49,10 @@ def post_fork(server: Any, worker: Any) -> None:
     hooks.post_fork(server, worker)
 
 
+def post_worker_init(worker: Any) -> None:
+    hooks.post_worker_init(worker)
+
+
 def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:
     hooks.post_request(req, resp)
 

@@ -61,7 +61,8 @@ from onnxpool.host.state import pool_error_file, read_host, write_pool_descripti
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
-from onnxpool.workers.lane_worker import LANES_ATTRIBUTE, LaneWorker
+from onnxpool.workers.handoff import Handoff
+from onnxpool.workers.lane_worker import HANDOFF_ATTRIBUTE, LANES_ATTRIBUTE, LaneWorker
 from onnxpool.workers.lanes import LanePlan
 from onnxpool.workers.memory import MemoryProbe, ProcessMemory, read_memory
 from onnxpool.workers.pool import Generation, Pool
@@ -98,10 +99,12 @@ class Serving:
 
     @property
     def worker_class(self) -> str:
-        """The sync worker that chooses between callers' lanes (gthread workers take them in turn)."""
-        if self.settings.server.worker_class == "sync" and self.pool.lanes_bound(self.callers):
+        """The sync worker that chooses between callers' lanes and runs gRPC's calls in turn with HTTP
+        (gthread workers take lanes in turn, and serialise gRPC's calls with the session's lock)."""
+        server = self.settings.server
+        if server.worker_class == "sync" and (self.pool.lanes_bound(self.callers) or server.grpc_bind):
             return f"{LaneWorker.__module__}.{LaneWorker.__qualname__}"
-        return self.settings.server.worker_class
+        return server.worker_class
 
     def lane_plan(self) -> LanePlan | None:
         """What the workers choose by: the callers' weights on the lanes bound at start (None: no choice)."""
@@ -492,7 +495,45 @@ def post_fork(server: Any, worker: Any) -> None:
 
         metrics.worker_loaded(slot, report.load_seconds, sum(runs))
         _publish_memory(s, memory)
-    say_warm(worker)  # last: from here on the master may stop the workers this one replaces
+
+
+def post_worker_init(worker: Any) -> None:
+    """Worker, once gunicorn has set it up (its wake-up pipe, signals), right before it serves: gRPC on
+    `[server] grpc_bind` when set, then "warm" to the master (from here on the master may stop the workers
+    this one replaces, so a HUP's new workers listen for gRPC before the old ones stop)."""
+    s = serving()
+    if s.settings.server.grpc_bind:
+        _serve_grpc(s, worker)
+    say_warm(worker)
+
+
+_grpc: Any = None
+"""Worker: its gRPC server when no handoff stops it (gthread workers; `worker_exit` does)."""
+
+
+def _serve_grpc(s: Serving, worker: Any) -> None:
+    # Imported here, in the worker: gRPC's threads and pollers must never exist in the master (fork).
+    from onnxpool.server import grpc_server
+
+    global _grpc
+    app = WSGI_APP.current
+    assert app is not None
+
+    def answered(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        finally:  # what post_request does after an HTTP reply
+            RUNTIME.give_back()
+            _publish_memory(s, _MEMORY.due())
+
+    if isinstance(worker, LaneWorker):  # sync: the calls run in the worker's main thread, in turn with HTTP
+        handoff = Handoff(worker.PIPE[1])
+        setattr(worker, HANDOFF_ATTRIBUTE, handoff)
+        server = grpc_server.start(s.settings, app, lambda call: handoff.submit(lambda: answered(call)))
+        handoff.transports.append(server)
+    else:  # gthread: request threads already take turns on the session's lock; so do gRPC's
+        _grpc = server = grpc_server.start(s.settings, app, answered)
+    log.info("gRPC: worker pid=%d listening on %s", os.getpid(), s.settings.server.grpc_bind)
 
 
 # How a worker tells the master it is warm: the owner-execute bit of its gunicorn heartbeat file.
@@ -653,6 +694,8 @@ def worker_exit(server: Any, worker: Any) -> None:
     elif _opened is not None:
         from onnxpool.server.app import close_in_worker  # loaded with the app already
 
+        if _grpc is not None:  # gthread: the calls in flight finish, within graceful_timeout
+            _grpc.stop().wait(s.settings.server.graceful_timeout if s is not None else 0)
         close_in_worker(_opened)
 
 

@@ -112,7 +112,7 @@ class Instrumentation:
 def _record_request(state: RequestState, task: str, status: int, total: float) -> None:
     model, endpoint = state.labels or ("", UNMATCHED)
     metrics.IN_FLIGHT.dec()
-    metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown())
+    metrics.observe_request(model, endpoint, task, state.cache, status, total, state.timer.breakdown(), state.protocol)
     if state.caller is not None:
         metrics.observe_caller(state.caller, model, status, total)
 

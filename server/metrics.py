@@ -47,15 +47,16 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 REQUESTS = Counter(
     "onnxpool_requests",
-    "HTTP requests answered, by model, route template, task, response cache outcome (hit: replayed, "
-    "miss: computed after a look-up, none: not looked up) and status code (GET /metrics excluded).",
-    ["model", "endpoint", "task", "cache", "status"],
+    "Requests answered, by model, route template, task, response cache outcome (hit: replayed, "
+    "miss: computed after a look-up, none: not looked up), status code (GET /metrics excluded) and protocol "
+    "(http, or grpc: a gRPC call counts under the v2 REST route it means, with the REST status it got).",
+    ["model", "endpoint", "task", "cache", "status", "protocol"],
 )
 REQUEST_SECONDS = Histogram(
     "onnxpool_request_duration_seconds",
     "Whole request: queue wait (when X-Request-Start is sent) plus the time in the app until it replies; "
-    "`cache` as in onnxpool_requests_total.",
-    ["model", "endpoint", "cache"],
+    "`cache` and `protocol` as in onnxpool_requests_total.",
+    ["model", "endpoint", "cache", "protocol"],
     buckets=LATENCY_BUCKETS,
 )
 CALLER_REQUESTS = Counter(
@@ -187,11 +188,18 @@ def cache_bytes(backend: str, used: int) -> None:
 
 
 def observe_request(
-    model: str, endpoint: str, task: str, cache: str, status: int, total: float, phases: Mapping[str, float]
+    model: str,
+    endpoint: str,
+    task: str,
+    cache: str,
+    status: int,
+    total: float,
+    phases: Mapping[str, float],
+    protocol: str = "http",
 ) -> None:
     """Count one answered request and record its total and per-phase seconds."""
-    _child(REQUESTS, (model, endpoint, task, cache, str(status))).inc()
-    _child(REQUEST_SECONDS, (model, endpoint, cache)).observe(total)
+    _child(REQUESTS, (model, endpoint, task, cache, str(status), protocol)).inc()
+    _child(REQUEST_SECONDS, (model, endpoint, cache, protocol)).observe(total)
     for name, seconds in phases.items():
         _child(PHASE_SECONDS, (model, endpoint, name)).observe(seconds)
 

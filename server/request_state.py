@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 ENVIRON_KEY = "onnxpool.request"
 
+PROTOCOL_KEY = "onnxpool.protocol"
+"""Environ key of a request that did not come over HTTP: its transport (the `protocol` metric label)."""
+HTTP, GRPC = "http", "grpc"
+
 # Values of the `cache` metric label: replayed, computed after a look-up, or not looked up at all.
 HIT, MISS, NOT_LOOKED_UP = "hit", "miss", "none"
 
@@ -42,6 +46,8 @@ class RequestState:
     """The `cache` metric label: hit, miss or none."""
     caller: str | None = None
     """The caller (config/callers.py) when callers are told apart: a bounded metric label."""
+    protocol: str = HTTP
+    """The transport it came by (`http`, or `grpc`: server.grpc_service): a metric label."""
 
     @classmethod
     def of(cls, environ: WSGIEnvironment) -> RequestState:
@@ -57,4 +63,7 @@ class RequestState:
         state = environ[ENVIRON_KEY] = cls(
             timer, request_id, environ.get("HTTP_CACHE_CONTROL"), environ.get("HTTP_PRAGMA")
         )
+        protocol = environ.get(PROTOCOL_KEY)
+        if protocol is not None:
+            state.protocol = protocol
         return state

@@ -109,7 +109,7 @@ _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 _KIND_WORDS = {"b": "true/false", "i": "integers in range", "u": "non-negative integers in range", "f": "numbers"}
 
 
-def _cast_checked(values: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+def cast_checked(values: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
     """`values` as `dtype`, or None if a value does not fit (finite -> inf counts as not fitting).
 
     Float ranges are judged after rounding: the shortest decimal of FP32's max
@@ -160,7 +160,7 @@ def _from_json_data(data: Any, dtype: np.dtype, dims: tuple[int, ...], where: st
     _expect(values.size == expected, f"{where} has {values.size} values but shape {list(dims)} needs {expected}")
     if values.size and values.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
         raise BadRequest(f"{where}.data must hold {_KIND_WORDS[dtype.kind]} for {v2_datatype(dtype)}")
-    cast = _cast_checked(values, dtype)
+    cast = cast_checked(values, dtype)
     _expect(cast is not None, f"{where}.data has values outside the range of {v2_datatype(dtype)}")
     assert cast is not None
     return cast.reshape(dims)

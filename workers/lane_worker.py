@@ -1,11 +1,17 @@
-"""The sync worker that takes its next request from the lane with the best claim (workers/lanes.py).
+"""The sync worker that takes its next request from the lane with the best claim (workers/lanes.py),
+and runs the calls another transport hands to its main thread (workers/handoff.py).
 
 gunicorn's own sync worker, with several listeners, accepts from every ready one in turn: the
 caller with the most connections waiting gets the most workers. This one accepts ONE connection
 per round, from the lane `lanes.choose` names, marks on the pool's board which lane it serves
 while it serves it, and may keep itself free for `hold` seconds for a caller below its share.
 The master sets `LANES_ATTRIBUTE` on the worker before it forks (launch/hooks.py); without it
-(callers not told apart) this is gunicorn's sync worker, unchanged.
+(callers not told apart) and without a handoff (no gRPC) this is gunicorn's sync worker, unchanged.
+
+With a handoff (`HANDOFF_ATTRIBUTE`, set in the worker by post_worker_init once its wake-up pipe
+exists) the loop takes turns: one handed-off call, then one HTTP connection if one is waiting,
+so neither transport starves the other; on the way out it drains the handoff (its calls in flight
+finish, as the HTTP request in progress did).
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ import select
 from typing import Any
 
 from gunicorn import util
-from gunicorn.workers.sync import StopWaiting, SyncWorker
+from gunicorn.workers.sync import SyncWorker
 
+from onnxpool.workers.handoff import Handoff
 from onnxpool.workers.lanes import IDLE, Board, Choice, LanePlan, choose, clock
 
 LANES_ATTRIBUTE = "onnxpool_lanes"
 """(Board, seat, LanePlan), set by the master in pre_fork."""
+HANDOFF_ATTRIBUTE = "onnxpool_handoff"
+"""The worker's `Handoff`, set in the worker by post_worker_init (gRPC on)."""
 _RETRY = (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK)
 
 
@@ -30,25 +39,59 @@ class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
 
     def run(self) -> None:
         lanes: tuple[Board, int, LanePlan] | None = getattr(self, LANES_ATTRIBUTE, None)
-        if lanes is None or len(self.sockets) < 2:
+        handoff: Handoff | None = getattr(self, HANDOFF_ATTRIBUTE, None)
+        if lanes is not None and len(self.sockets) < 2:
+            lanes = None
+        if lanes is None and handoff is None:
             super().run()
             return
-        board, seat, plan = lanes
         for listener in self.sockets:
             listener.setblocking(0)
         lane_of = {listener: lane for lane, listener in enumerate(self.sockets)}
         timeout = self.timeout or 0.5
-        while self.alive:
-            self.notify()
+        try:
+            while self.alive:
+                self.notify()
+                # A handed-off call first, then one look at the listeners without waiting: the two
+                # transports take turns. Only with nothing handed off does the worker sleep in select().
+                ran = handoff is not None and handoff.run_one()
+                ready = self._ready(0.0 if ran else timeout)
+                if ready:
+                    if lanes is not None:
+                        waiting = {lane_of[listener] for listener in ready if listener in lane_of}
+                        self._serve_one(*lanes, waiting)
+                    else:
+                        self._accept_one(ready)
+                if not self.is_parent_alive():
+                    return
+        finally:
+            if handoff is not None:
+                handoff.drain(self.notify, float(self.cfg.graceful_timeout))
+
+    def _ready(self, timeout: float) -> list[Any]:
+        """The listeners with a connection waiting, after at most `timeout` s (woken early by the pipe)."""
+        try:
+            ready, _, _ = select.select(self.wait_fds, [], [], timeout)
+        except InterruptedError:
+            return []
+        if self.PIPE[0] in ready:
+            try:  # every wake-up byte at once (a handoff writes one per call; signals write too)
+                os.read(self.PIPE[0], 4096)
+            except BlockingIOError:
+                pass
+            ready.remove(self.PIPE[0])
+        return ready
+
+    def _accept_one(self, ready: list[Any]) -> None:
+        """No lanes: serve one connection from the first listener that still has one."""
+        for listener in ready:
             try:
-                ready = self.wait(timeout)
-            except StopWaiting:
-                return
-            if ready:
-                waiting = {lane_of[listener] for listener in ready if listener in lane_of}
-                self._serve_one(board, seat, plan, waiting)
-            if not self.is_parent_alive():
-                return
+                self.accept(listener)
+            except OSError as exc:
+                if exc.errno not in _RETRY:
+                    raise
+                continue  # another worker took it
+            return
 
     def _serve_one(self, board: Board, seat: int, plan: LanePlan, waiting: set[int]) -> None:
         """Accept and serve one connection from the fairest of the `waiting` lanes (or none, if they emptied)."""
