@@ -31,9 +31,12 @@ TEMPLATE_FILE = NGINX_DIR / "onnxpool.conf.template"
 RENDERED_DEFAULT = NGINX_DIR / "onnxpool.conf"
 MAIN_TEMPLATE_FILE = NGINX_DIR / "nginx.conf.template"
 PROXY_TEMPLATE_FILE = NGINX_DIR / "proxy.conf.template"
+GRPC_TEMPLATE_FILE = NGINX_DIR / "grpc.conf.template"
 CALLERS_TEMPLATE_FILE = NGINX_DIR / "callers.js"
 ANY_POOL = "onnxpool"
 """The upstream of onnxpool's instances (a host serving several models names its own upstreams)."""
+GRPC_POOL = "onnxpool_grpc"
+"""The upstream of the instances' gRPC addresses ([nginx] grpc_upstreams, else [server] grpc_bind)."""
 
 
 class SiteTemplate(Template):
@@ -87,13 +90,45 @@ def laned_upstreams(
     return text
 
 
+def _template(path: Path) -> str:
+    """A template file without its leading comment lines (they document the file, not the site)."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("#"))
+
+
+def grpc_block(settings: Settings, callers: CallerBook | None = None) -> str:
+    """The site's gRPC server ([nginx] grpc_listen; "" when unset), in front of the instances' gRPC."""
+    nginx = settings.nginx
+    if not nginx.grpc_listen:
+        return ""
+    book = callers if callers is not None and callers.enabled else None
+    servers = nginx.grpc_upstreams or (settings.server.grpc_bind,)
+    return "\n" + SiteTemplate(_template(GRPC_TEMPLATE_FILE)).substitute(
+        upstream=upstream_block(GRPC_POOL, servers, settings, comment=False),
+        upstream_name=GRPC_POOL,
+        grpc_listen=nginx.grpc_listen,
+        server_name=nginx.server_name,
+        access_log=_access_log(settings),
+        max_body_bytes=settings.server.max_body_bytes,
+        client_timeout=nginx.client_timeout,
+        caller_limits=server_block(book, grpc=True) if book else "",
+        caller_headers=proxy_headers(book, "grpc_set_header") if book else "",
+        connect_timeout=nginx.connect_timeout,
+        timeout=settings.server.timeout,
+        next_upstream_tries=nginx.next_upstream_tries,
+    )
+
+
+def _access_log(settings: Settings) -> str:
+    nginx = settings.nginx
+    return f"    access_log {nginx.access_log} onnxpool;" if nginx.access_log else "    access_log off;"
+
+
 def proxy_block(settings: Settings, upstream: str, callers: CallerBook | None = None) -> str:
     """One location's proxying to `upstream`; with callers told apart, to the caller's lane of it."""
     nginx = settings.nginx
     laned = callers is not None and callers.enabled
-    lines = PROXY_TEMPLATE_FILE.read_text(encoding="utf-8").splitlines(keepends=True)
-    text = "".join(line for line in lines if not line.startswith("#"))
-    return SiteTemplate(text).substitute(
+    return SiteTemplate(_template(PROXY_TEMPLATE_FILE)).substitute(
         pass_=upstream + LANE_VARIABLE if laned else upstream,
         caller_headers=proxy_headers(callers) if callers is not None else "",
         connect_timeout=nginx.connect_timeout,
@@ -124,7 +159,6 @@ def render_site(
     """
     book = callers if callers is not None and callers.enabled else None
     nginx = settings.nginx
-    access_log = f"    access_log {nginx.access_log} onnxpool;" if nginx.access_log else "    access_log off;"
     text = TEMPLATE_FILE.read_text(encoding="utf-8") if template is None else template
     if upstreams is None:
         upstreams = laned_upstreams(ANY_POOL, upstream_servers(settings), settings, book, comment=True)
@@ -138,10 +172,12 @@ def render_site(
         proxy=proxy_block(settings, passed, book),
         listen=nginx.listen,
         server_name=nginx.server_name,
-        access_log=access_log,
+        access_log=_access_log(settings),
         max_body_bytes=settings.server.max_body_bytes,
         timeout=settings.server.timeout,
         client_timeout=nginx.client_timeout,
+        # A host serving several models routes gRPC by the model named inside each call (its router).
+        grpc="" if settings.models else grpc_block(settings, book),
     )
 
 

@@ -21,6 +21,10 @@ from onnxpool.config.callers import ANONYMOUS, CALLER_HEADER, Caller, CallerBook
 CALLERS_SCRIPT = "callers.js"
 """The js file beside the site (identify = "key")."""
 LANE_VARIABLE = "$onnxpool_lane"
+QUOTA_MESSAGE = (
+    "caller $onnxpool_caller is over its quota ([caller.$onnxpool_caller]); retry after $onnxpool_retry_after s"
+)
+"""What a caller over its quota is told (the REST error's text, and gRPC's grpc-message: config/nginx_grpc.py)."""
 
 
 def needs_js(book: CallerBook) -> bool:
@@ -106,10 +110,8 @@ def http_block(book: CallerBook, script: str | None, model: str) -> str:
     lines += [
         "# Over quota: 429 in the route's API shape (OpenAI's error object on /v1/embeddings).",
         "map $uri $onnxpool_quota_body {",
-        '    default \'{"error": "caller $onnxpool_caller is over its quota ([caller.$onnxpool_caller]); '
-        "retry after $onnxpool_retry_after s\"}';",
-        '    ~^/v1/embeddings \'{"error": {"message": "caller $onnxpool_caller is over its quota '
-        '([caller.$onnxpool_caller]); retry after $onnxpool_retry_after s", "type": "requests", '
+        f'    default \'{{"error": "{QUOTA_MESSAGE}"}}\';',
+        f'    ~^/v1/embeddings \'{{"error": {{"message": "{QUOTA_MESSAGE}", "type": "requests", '
         '"param": null, "code": "rate_limit_exceeded"}}\';',
         "}",
     ]
@@ -120,11 +122,9 @@ def _ident(caller: Caller) -> str:
     return caller.name.replace(".", "_").replace("-", "_") + f"_{caller.lane}"
 
 
-def server_block(book: CallerBook) -> str:
-    """server-level: the quotas (inherited by every location) and the 429 page."""
-    if not book.enabled:
-        return ""
-    lines = ["", "    # Callers' quotas ([caller.<name>] rate, burst, concurrency): 429, never the 503 of shedding."]
+def quota_lines(book: CallerBook) -> list[str]:
+    """server-level: the quotas (inherited by every location), refused with 429 (`error_page 429` answers)."""
+    lines = []
     for caller in book.callers:
         settings = caller.settings
         if settings.rate:
@@ -132,25 +132,46 @@ def server_block(book: CallerBook) -> str:
             lines.append(f"    limit_req zone=onnxpool_rate_{_ident(caller)}{burst};")
         if settings.concurrency:
             lines.append(f"    limit_conn onnxpool_conn_{_ident(caller)} {settings.concurrency};")
-    lines += [
-        "    limit_req_status 429;",
-        "    limit_conn_status 429;",
-        "    error_page 429 @onnxpool_quota;",
-        "    location @onnxpool_quota {",
-        "        default_type application/json;",
-        "        add_header Retry-After $onnxpool_retry_after always;",
-        "        add_header X-Request-ID $onnxpool_request_id always;",
-        "        return 429 $onnxpool_quota_body;",
-        "    }",
-    ]
+    return [*lines, "    limit_req_status 429;", "    limit_conn_status 429;"]
+
+
+def server_block(book: CallerBook, grpc: bool = False) -> str:
+    """server-level: the quotas (inherited by every location) and the 429 page; `grpc`: the gRPC server's,
+    whose refusal is RESOURCE_EXHAUSTED (grpc-status 8, a trailers-only reply) with the same message."""
+    if not book.enabled:
+        return ""
+    lines = ["", "    # Callers' quotas ([caller.<name>] rate, burst, concurrency): 429, never the 503 of shedding."]
+    lines += quota_lines(book)
+    if grpc:
+        lines += [
+            "    error_page 429 = @onnxpool_grpc_quota;",
+            "    location @onnxpool_grpc_quota {",
+            "        default_type application/grpc;",
+            "        add_header grpc-status 8 always;",
+            f'        add_header grpc-message "{QUOTA_MESSAGE}" always;',
+            "        add_header retry-after $onnxpool_retry_after always;",
+            "        return 204;",
+            "    }",
+        ]
+    else:
+        lines += [
+            "    error_page 429 @onnxpool_quota;",
+            "    location @onnxpool_quota {",
+            "        default_type application/json;",
+            "        add_header Retry-After $onnxpool_retry_after always;",
+            "        add_header X-Request-ID $onnxpool_request_id always;",
+            "        return 429 $onnxpool_quota_body;",
+            "    }",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def proxy_headers(book: CallerBook) -> str:
-    """In each proxying location: the caller nginx found, replacing any the client sent."""
+def proxy_headers(book: CallerBook, directive: str = "proxy_set_header") -> str:
+    """In each proxying location: the caller nginx found, replacing any the client sent (`directive`:
+    grpc_set_header in the gRPC server)."""
     if not book.enabled:
         return ""
-    return f"        proxy_set_header {CALLER_HEADER} $onnxpool_caller_found;\n"
+    return f"        {directive} {CALLER_HEADER} $onnxpool_caller_found;\n"
 
 
 def log_field(book: CallerBook) -> str:

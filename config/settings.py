@@ -36,6 +36,13 @@ def _check_bind(value: str) -> str:
     return value
 
 
+def _check_tcp(value: str) -> str:
+    """`HOST:PORT` only (a gRPC address: a unix socket cannot be shared by several workers)."""
+    if value.startswith("unix:") or _check_bind(value) != value:
+        raise ValueError('must be HOST:PORT (e.g. 127.0.0.1:8001), or "" for no gRPC')
+    return value
+
+
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are checked strictly."""
 
@@ -120,9 +127,7 @@ class ServerSettings(Section):
     @field_validator("grpc_bind")
     @classmethod
     def _grpc_address(cls, value: str) -> str:
-        if value and (value.startswith("unix:") or _check_bind(value) != value):
-            raise ValueError('must be HOST:PORT (e.g. 127.0.0.1:8001), or "" for no gRPC')
-        return value
+        return value and _check_tcp(value)
 
     @field_validator("run_dir")
     @classmethod
@@ -358,13 +363,22 @@ class NginxSettings(Section):
     send_timeout); a client that stalls longer gets 408 / is closed. nginx buffers the whole
     request before onnxpool sees it, so a slow client holds only an nginx connection."""
 
+    grpc_listen: str = ""
+    """nginx `listen` value of the site's gRPC server (HTTP/2 cleartext, `grpc_pass` to the
+    instances' `[server] grpc_bind`), e.g. "8001"; "" = no gRPC in the site. Needs
+    `grpc_upstreams` or `[server] grpc_bind`."""
+
+    grpc_upstreams: tuple[str, ...] = ()
+    """onnxpool instances' gRPC addresses to balance (`HOST:PORT` each, their `[server] grpc_bind`);
+    empty = this host's server.grpc_bind."""
+
     pidfile: str = ""
     """Only for `onnxpool nginx` (nginx in the same pod or host as this instance): nginx's pid
     file; its rendered configuration and temp folders go beside it. An onnxpool master with
     this set keeps serving on SIGTERM until the file is gone, i.e. until nginx has finished
     its requests (at most server.graceful_timeout), then drains as usual. "" = not used."""
 
-    @field_validator("listen", mode="before")
+    @field_validator("listen", "grpc_listen", mode="before")
     @classmethod
     def _port_alone(cls, value: object) -> object:
         # ONNXPOOL_NGINX__LISTEN=8000 arrives as the number 8000: a port alone is a valid listen.
@@ -374,6 +388,11 @@ class NginxSettings(Section):
     @classmethod
     def _one_token(cls, value: str) -> str:
         return _check_nginx_token(value, "value")
+
+    @field_validator("grpc_listen")
+    @classmethod
+    def _grpc_listen(cls, value: str) -> str:
+        return value and _check_nginx_token(value, "value")
 
     @field_validator("access_log")
     @classmethod
@@ -393,6 +412,14 @@ class NginxSettings(Section):
         for item in value:
             _check_nginx_token(item, f"upstream {item!r}")
             _check_bind(item)
+        return value
+
+    @field_validator("grpc_upstreams")
+    @classmethod
+    def _grpc_upstream_shapes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            _check_nginx_token(item, f"upstream {item!r}")
+            _check_tcp(item)
         return value
 
 
@@ -636,6 +663,11 @@ class Settings(Section):
                 if names.get(known, name) != name:
                     raise ValueError(f"[models.{name}]: the name {known!r} is already {names[known]}'s")
                 names[known] = name
+        if self.nginx.grpc_listen and not (self.nginx.grpc_upstreams or self.server.grpc_bind):
+            raise ValueError(
+                "[nginx] grpc_listen: nginx needs the instances' gRPC addresses: set [server] "
+                "grpc_bind or [nginx] grpc_upstreams"
+            )
         for name in self.tasks:
             if name not in self.models:
                 raise ValueError(f"[tasks.{name}] names no model (models: {', '.join(self.models) or 'none'})")
