@@ -55,6 +55,7 @@ import subprocess
 import sys
 import time
 import xmlrpc.client
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,7 @@ from onnxpool.host.state import (
     write_host,
 )
 from onnxpool.host.supervisor import (
+    GRPC,
     NGINX,
     ROUTES,
     Program,
@@ -132,6 +134,8 @@ RUNS_DIR = "runs"
 """Each pool's own run folder goes inside the host's (`runs/<name>/`): whatever stops the host, a pool
 killed in its start included, the janitor's clean-up takes it too."""
 ROUTES_CONF = "onnxpool.host.routes_conf"
+GRPC_ROUTER = "onnxpool.host.grpc_router"
+"""The host's gRPC router (run, not imported: grpc must never be loaded in this process)."""
 
 
 class HostError(Exception):
@@ -158,6 +162,9 @@ class Model(WatchedPool):
     """How many times in a row supervisord gave up on its pool (the host's back-off, RETRY_SECONDS)."""
     retry_at: float = 0.0
     """When the host starts it again (monotonic; 0: not scheduled)."""
+    grpc_address: str = ""
+    """Where its pool serves gRPC for the host's router: a loopback port given when the model is first
+    planned and kept for its program's life (its restarts and every HUP); "" without [server] grpc_bind."""
 
 
 @dataclass
@@ -273,6 +280,10 @@ class Host:
                 environment=env,
             ),
         ]
+        grpc_bind = self.settings.server.grpc_bind
+        if grpc_bind:
+            router = [sys.executable, "-m", GRPC_ROUTER, "--bind", grpc_bind]
+            programs.append(Program(GRPC, wrapped(run, GRPC, router), supervisor.PRIORITY[GRPC], environment=env))
         for name, model in self.models.items():
             if not model.has_program:
                 continue
@@ -290,6 +301,8 @@ class Host:
                         **env,
                         ENV_POOL: name,
                         "ONNXPOOL_SERVER__BIND": model.address,
+                        # Its gRPC port for the host's router ("" = none: never the host's own grpc_bind).
+                        "ONNXPOOL_SERVER__GRPC_BIND": model.grpc_address,
                         "ONNXPOOL_SERVER__RUN_DIR": str(self._pool_runs(name)),
                         # No pid file of its own (the host's), no control socket, no nginx of its own to wait for.
                         "ONNXPOOL_SERVER__PIDFILE": "",
@@ -429,6 +442,7 @@ class Host:
                     version=model.entry.version,
                     aliases=model.entry.aliases,
                     address=model.address if model.has_program else "",
+                    grpc_address=model.grpc_address if model.has_program else "",
                     state=model.state,
                     reason=model.reason,
                     budget=plan.budget if plan else 0.0,
@@ -546,6 +560,7 @@ class Host:
     def _track(self, plans: dict[str, ModelPlan], left_out: dict[str, str], required: bool) -> None:
         """Records for the file's models, in its order (`required`: the models of the start)."""
         models: dict[str, Model] = {}
+        ports = _GrpcPorts(self.settings.server.grpc_bind, self.models.values())
         for name, entry in self.settings.models.items():
             known = self.models.get(name)
             plan = plans.get(name)
@@ -559,10 +574,12 @@ class Host:
                 address=entry.bind or pool_socket(self.run.path, name),
                 required=required and not entry.optional,
                 has_program=plan is not None,
+                grpc_address=ports.next() if plan is not None else "",
             )
             if plan is None:
                 model.state, model.reason = UNAVAILABLE, left_out.get(name, "not planned")
             models[name] = model
+        ports.close()
         self.models = models
 
     def start(self) -> int | None:
@@ -591,6 +608,12 @@ class Host:
             len(self.routed or ()),
             ", ".join(f"{pool.name} -> {pool.address}" for pool in self.routed or ()),
         )
+        if self.settings.server.grpc_bind:
+            log.info(
+                "gRPC: the router on %s routes by model name: %s",
+                self.settings.server.grpc_bind,
+                ", ".join(f"{m.name} -> {m.grpc_address}" for m in self.models.values() if m.grpc_address),
+            )
         return None
 
     def _settle(self, starting: bool) -> bool:
@@ -776,7 +799,8 @@ class Host:
         assert self.control is not None
         pools = [pool_program(name) for name, model in self.models.items() if model.has_program]
         grace = self.settings.server.graceful_timeout + 5
-        for program in self.control.stop_in_waves([NGINX], [*pools, ROUTES], HAND_OVER_SECONDS, grace):
+        doors = [NGINX, GRPC] if self.settings.server.grpc_bind else [NGINX]
+        for program in self.control.stop_in_waves(doors, [*pools, ROUTES], HAND_OVER_SECONDS, grace):
             pgid = read_group(group_file(self.run.path, program))
             if pgid is not None and group_members(pgid):
                 log.warning("stopping: %s outlived graceful_timeout + 5 s: killed", program)
@@ -797,6 +821,33 @@ def _append_output() -> None:
     for fd in (1, 2):
         with contextlib.suppress(OSError):
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+
+
+class _GrpcPorts:
+    """Loopback ports for the pools' gRPC (the router's only way in), none of them a port a kept model has.
+    Each is free when chosen; its socket stays open until every port of the batch is chosen, so that two
+    models never get the same one."""
+
+    def __init__(self, grpc_bind: str, kept: Iterable[Model]) -> None:
+        self.on = bool(grpc_bind)
+        self.taken = {model.grpc_address for model in kept if model.grpc_address}
+        self.held: list[socket.socket] = []
+
+    def next(self) -> str:
+        if not self.on:
+            return ""
+        while True:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            self.held.append(sock)
+            address = f"127.0.0.1:{sock.getsockname()[1]}"
+            if address not in self.taken:
+                self.taken.add(address)
+                return address
+
+    def close(self) -> None:
+        for sock in self.held:
+            sock.close()
 
 
 def _pool_conf() -> str:

@@ -17,6 +17,7 @@ RESTART_ONLY = {
     "run_dir": "every program's files and sockets are in the run folder made at start",
     "budgets": "the models' cgroups or nice values are chosen at start",
     "pidfile": "the host wrote its pid there at start",
+    "grpc_bind": "the gRPC router listens on it, and each pool's gRPC port is given at its start",
 }
 """`[server]` keys, and why each is read at start only."""
 

@@ -39,46 +39,14 @@ from onnxpool import __version__
 from onnxpool.config.callers import caller_book_of
 from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, ConfigError, load_settings
 from onnxpool.config.settings import Settings
-from onnxpool.host.state import HostModel, HostState, metrics_folders, read_host, read_pool_description
+from onnxpool.host.state import HostModel, metrics_folders, read_pool_description
+from onnxpool.host.view import HostView, not_ready, unavailable
 from onnxpool.server import auth, metrics, routes_docs
 from onnxpool.server.context import error_response, json_response
-from onnxpool.server.model_states import READY, model_list, repository_index
+from onnxpool.server.model_states import model_list, repository_index
 from onnxpool.tasks.errors import OnnxpoolError
 
-NOT_STARTED = "(the host has not started its models yet)"
 HOST_TAG = "host"
-
-
-class HostView:
-    """The host's files, read per request (a small JSON file; re-read only when it changed)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self._stamp: tuple[int, int] | None = None
-        self._state = HostState()
-
-    def state(self) -> HostState:
-        try:
-            stat = (self.run_dir / "host.json").stat()
-            stamp = (stat.st_mtime_ns, stat.st_ino)
-        except OSError:
-            return HostState()
-        if stamp != self._stamp:
-            self._state, self._stamp = read_host(self.run_dir), stamp
-        return self._state
-
-    def models(self) -> tuple[HostModel, ...]:
-        return self.state().models
-
-    def find(self, name: str) -> HostModel | None:
-        return next((model for model in self.models() if name == model.name or name in model.aliases), None)
-
-
-def not_ready(models: tuple[HostModel, ...]) -> list[str]:
-    """The readiness rule (docs/DEPLOYING.md): the models the host waits for that are not READY."""
-    if not models:
-        return [NOT_STARTED]
-    return [model.name for model in models if model.required and model.state != READY]
 
 
 def openai_models(models: tuple[HostModel, ...]) -> dict[str, object]:
@@ -290,10 +258,8 @@ def create_app(run_dir: Path | None = None, settings: Settings | None = None) ->
         name = name.partition(":")[0]  # KServe v1: /v1/models/<name>:predict
         model = view.find(name)
         if model is None:
-            served = ", ".join(model.name for model in view.models()) or "none yet"
-            return error_response(f"unknown model '{name}'; this host serves: {served}", 404)
-        reason = f": {model.reason}" if model.reason else ""
-        return error_response(f"model {model.name} is {model.state}{reason}", 503, {"Retry-After": "1"})
+            return error_response(view.unknown(name), 404)
+        return error_response(unavailable(model), 503, {"Retry-After": "1"})
 
     if settings.metrics.enabled:
 

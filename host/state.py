@@ -1,7 +1,7 @@
 """What a host serving several models writes down, and its pools tell it: small files in its run folder.
 
     <host run folder>/
-        host.json           the host's models: name, version, aliases, address, plan, state and its
+        host.json           the host's models: name, version, aliases, address (and gRPC address), plan, state and its
                             reason, whether the host's readiness waits for it (written by the host)
         pools/<name>.json   one pool's task routes and OpenAPI document (written by that pool's master
                             at each config load: the host routes nginx and describes the API from it)
@@ -41,6 +41,9 @@ class HostModel(ServedModel):
     what the host planned and watches."""
 
     address: str = ""
+    grpc_address: str = ""
+    """Where its pool's workers serve gRPC (a loopback port the host gave it at start; the host's gRPC
+    router forwards there); "" when the host's `[server] grpc_bind` is off."""
     required: bool = True
     """The host is ready only while this model is: not `optional`, and served since the host started
     (a model added by a reload counts once nginx routes to it; until then its failure is its own)."""

@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any, cast
 
 ROUTES = "routes"
+GRPC = "grpc"
+"""The host's gRPC router (host/grpc_router.py), with `[server] grpc_bind` only."""
 NGINX = "nginx"
 POOL_PREFIX = "model-"
 """A model's program is `model-<name>` (a model's name is URL-safe: letters, digits, `-`, `_`, `.`)."""
 
-PRIORITY = {ROUTES: 10, NGINX: 900}
+PRIORITY = {ROUTES: 10, GRPC: 20, NGINX: 900}
 POOL_PRIORITY = 100
 START_RETRIES = 3
 """A program that exits while starting is started again 3 times (after 1, 2, 3 s), then FATAL (the

@@ -46,7 +46,9 @@ def test_the_grpc_server_follows_the_settings() -> None:
     assert "grpc_pass grpc://onnxpool_grpc;" in grpc and "client_max_body_size 2000000;" in grpc
     assert 'grpc_set_header X-Request-Start "t=${msec}";' in grpc
     assert "grpc_read_timeout 45s;" in grpc and "add_header grpc-status 14 always;" in grpc
-    only_bind = render_site(Settings(server=ServerSettings(grpc_bind="127.0.0.1:9001"), nginx={"grpc_listen": "8001"}))
+    only_bind = render_site(
+        Settings(server=ServerSettings(grpc_bind="127.0.0.1:9001"), nginx=NginxSettings(grpc_listen="8001"))
+    )
     assert "server 127.0.0.1:9001 max_fails=3" in only_bind
 
 

@@ -1,0 +1,169 @@
+"""A several-models host's one gRPC port ([server] grpc_bind of the host file): its router sends each call to
+the pool of the model it names (host/grpc_router.py), read from the message's field 1 (host/grpc_wire.py).
+
+Through a real host (supervisord, a gunicorn pool per model, the router) with tritonclient.grpc unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb  # onnxpool's own protos would clash with its in one process
+from tritonclient.utils import InferenceServerException
+
+from tests.harness import free_port
+from tests.host_harness import (
+    HOST_TEST_MARKS,
+    SETOSA,
+    Host,
+    image_table,
+    iris_table,
+    one_worker,
+    start_host,
+    states,
+    write_settings,
+)
+from tests.tiny_models import build_tiny_model
+
+pytestmark = HOST_TEST_MARKS
+
+# --- through a real host -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grpc_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, str]]:
+    folder = tmp_path_factory.mktemp("host-grpc")
+    address = f"127.0.0.1:{free_port()}"
+    config = write_settings(
+        folder / "host.toml",
+        iris_table("iris", one_worker(0.5) + 'aliases = ["flowers"]\n'),
+        image_table("tiny", build_tiny_model(folder / "tiny.onnx", bias=0.0), one_worker(0.5)),
+        server=f'grpc_bind = "{address}"\n',
+    )
+    host = start_host(folder, config)
+    try:
+        yield host, address
+    finally:
+        host.stop()
+    assert host.left == [], f"the host left behind: {host.left}"
+
+
+def _iris(client: grpcclient.InferenceServerClient, name: str = "iris") -> np.ndarray:
+    tensor = grpcclient.InferInput("input", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([SETOSA], dtype=np.float32))
+    probabilities: np.ndarray | None = client.infer(name, [tensor]).as_numpy("probabilities")
+    assert probabilities is not None
+    return probabilities
+
+
+def _tiny(client: grpcclient.InferenceServerClient) -> np.ndarray:
+    metadata = client.get_model_metadata("tiny")
+    tensor = grpcclient.InferInput(metadata.inputs[0].name, [1, 3, 224, 224], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+    result = client.infer("tiny", [tensor])
+    output: np.ndarray | None = result.as_numpy(metadata.outputs[0].name)
+    assert output is not None
+    return output
+
+
+def _host_json(host: Host) -> dict[str, dict[str, object]]:
+    run = next(
+        Path(line.split("unix:", 1)[1].split("/pools/", 1)[0])
+        for line in host.log().splitlines()
+        if "Listening at: unix:" in line and "/pools/" in line
+    )
+    document = json.loads((run / "host.json").read_text(encoding="utf-8"))
+    return {model["name"]: model for model in document["models"]}
+
+
+def test_every_model_by_name_on_the_hosts_one_port(grpc_host: tuple[Host, str]) -> None:
+    host, address = grpc_host
+    client = grpcclient.InferenceServerClient(address)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata().name == "onnxpool"
+    assert int(np.argmax(_iris(client))) == 0 and int(np.argmax(_iris(client, "flowers"))) == 0  # by alias too
+    assert _tiny(client).shape[0] == 1
+    assert client.is_model_ready("iris") and client.is_model_ready("tiny")
+    assert client.get_model_config("iris").config.name == "iris"
+    index = {model.name: model.state for model in client.get_model_repository_index().models}
+    assert index == {"iris": "READY", "tiny": "READY"}
+    with pytest.raises(InferenceServerException) as unknown:
+        client.get_model_metadata("nope")
+    assert unknown.value.status() == "StatusCode.NOT_FOUND"
+    assert unknown.value.message() == "unknown model 'nope'; this host serves: iris, tiny"
+    with pytest.raises(InferenceServerException) as unknown_infer:
+        _iris(client, "nope")
+    assert "this host serves: iris, tiny" in unknown_infer.value.message()
+    # Each pool's own gRPC port is a loopback one, in host.json for whoever routes.
+    pools = _host_json(host)
+    assert all(str(pools[name]["grpc_address"]).startswith("127.0.0.1:") for name in ("iris", "tiny"))
+    assert "gRPC: the router on" in host.log()
+
+
+def test_grpc_health_answers_for_the_host_and_each_model(grpc_host: tuple[Host, str]) -> None:
+    _, address = grpc_host
+    with grpc.insecure_channel(address) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for service in ("", "inference.GRPCInferenceService", "iris", "flowers", "tiny"):
+            assert check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == serving, service
+        with pytest.raises(grpc.RpcError) as unknown:
+            check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_metadata_and_deadline_go_through_the_router(grpc_host: tuple[Host, str]) -> None:
+    _, address = grpc_host
+    with grpc.insecure_channel(address) as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelReady",
+            request_serializer=pb.ModelReadyRequest.SerializeToString,
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        reply, call = ready.with_call(
+            pb.ModelReadyRequest(name="iris"), metadata=(("x-request-id", "routed-1"),), timeout=5
+        )
+        assert reply.ready and ("x-request-id", "routed-1") in call.trailing_metadata()
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as unimplemented:
+            list(stream(iter([b""]), timeout=5))
+        assert unimplemented.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_pool_restart_and_a_hup_keep_its_grpc_port(grpc_host: tuple[Host, str]) -> None:
+    """Last of the module: kills tiny's pool master, then HUPs the host."""
+    host, address = grpc_host
+    client = grpcclient.InferenceServerClient(address)
+    before = _host_json(host)["tiny"]["grpc_address"]
+    master = host.masters()["tiny"]
+    os.kill(master, signal.SIGKILL)
+    unavailable_seen = False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if host.masters().get("tiny", master) != master and states(host)["tiny"] == "READY":
+                _tiny(client)
+                break
+        except InferenceServerException as exc:
+            unavailable_seen |= exc.status() == "StatusCode.UNAVAILABLE"
+        except (KeyError, ValueError, OSError):
+            pass
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"tiny not back on gRPC after its pool's restart\n{host.log()[-3000:]}")
+    assert _host_json(host)["tiny"]["grpc_address"] == before
+    mark = len(host.log())
+    host.server.signal(signal.SIGHUP)
+    host.wait_for("the reload", lambda: "reload: applied" in host.log()[mark:])
+    assert _host_json(host)["tiny"]["grpc_address"] == before
+    assert _tiny(client).shape[0] == 1 and int(np.argmax(_iris(client))) == 0
