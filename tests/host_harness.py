@@ -192,7 +192,8 @@ class Host:
         return found[0]
 
     def program(self, name: str) -> int:
-        """The pid of a program supervisord runs (`nginx`, `routes`, `model-<name>`), or of the host's janitor."""
+        """The pid of a program supervisord runs (`nginx`, `routes`, `grpc`, `model-<name>`), or of the host's
+        janitor."""
         for pid in children_of(self.supervisord()):
             with contextlib.suppress(OSError):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -200,6 +201,8 @@ class Host:
                 if name == "nginx" and title.startswith("nginx: master"):
                     return pid
                 if name == "routes" and title.startswith("gunicorn: master") and "host routes" in title:
+                    return pid
+                if name == "grpc" and "onnxpool.host.grpc_router" in title:
                     return pid
         for pid in children_of(self.pid):  # the janitor is the host's own child, beside supervisord
             with contextlib.suppress(OSError):
