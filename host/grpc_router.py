@@ -25,16 +25,14 @@ module only, in this process, which forks nothing (docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import logging.config
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent import futures
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 import grpc
@@ -55,8 +53,6 @@ log = logging.getLogger("onnxpool.host")
 ROUTED = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStatistics")
 """The service's calls whose field 1 is the model's name."""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-CALL_THREADS = 128
-"""Calls in flight at once (each holds a thread while its pool answers)."""
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
@@ -70,7 +66,7 @@ NO_DEADLINE_SECONDS = 10**7
 _NOT_PASSED = ("grpc-", ":", "user-agent")
 """Metadata that is the transport's own: the channel to the pool writes its own."""
 
-Behaviour = Callable[[bytes, Any], bytes]
+Behaviour = Callable[[bytes, Any], Awaitable[bytes]]
 
 
 class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
@@ -79,7 +75,6 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
     def __init__(self, view: HostView) -> None:
         self.view = view
         self._channels: dict[str, Any] = {}
-        self._lock = threading.Lock()
         handlers: dict[str, Behaviour] = {f"/{SERVICE}/{name}": self._forwarder(name) for name in ROUTED}
         handlers.update(
             {
@@ -101,66 +96,66 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
     def _forwarder(self, name: str) -> Behaviour:
         method = f"/{SERVICE}/{name}"
 
-        def forward(request: bytes, context: Any) -> bytes:
+        async def forward(request: bytes, context: Any) -> bytes:
             arrived = time.time()
             try:
                 model_name = first_string(request)
             except WireError as exc:
-                _end(context, grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a {name}Request: {exc}")
-            model = self._served(model_name, context, ready_call=name == "ModelReady")
+                await _end(context, grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a {name}Request: {exc}")
+            model = await self._served(model_name, context, ready_call=name == "ModelReady")
             if model is None:  # ModelReady of a model that is not serving: Triton's answer, not an error
                 return bytes(pb.ModelReadyResponse(ready=False).SerializeToString())
-            call = self._channel(model.grpc_address).unary_unary(method)
+            call = self._channel(model.grpc_address).unary_unary(method)(
+                request, timeout=_deadline(context), metadata=_passed_on(context, arrived)
+            )
             try:
-                reply, outcome = call.with_call(
-                    request, timeout=_deadline(context), metadata=_passed_on(context, arrived)
-                )
-            except grpc.RpcError as exc:
+                reply = await call
+            except grpc.aio.AioRpcError as exc:
                 context.set_trailing_metadata(exc.trailing_metadata() or ())
-                _end(context, exc.code(), exc.details() or f"model {model.name}: {exc.code().name}")
-            context.set_trailing_metadata(outcome.trailing_metadata() or ())
+                await _end(context, exc.code(), exc.details() or f"model {model.name}: {exc.code().name}")
+            context.set_trailing_metadata(await call.trailing_metadata() or ())
             return bytes(reply)
 
         return forward
 
-    def _served(self, name: str, context: Any, ready_call: bool = False) -> HostModel | None:
+    async def _served(self, name: str, context: Any, ready_call: bool = False) -> HostModel | None:
         """The model `name` (or alias) names, if it is serving; else the call ends NOT_FOUND (not served) or
         UNAVAILABLE (loading, failed, removed); `ready_call`: None for one that is not serving."""
         model = self.view.find(name)
         if model is None:
-            _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(name))
+            await _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(name))
         if model.state == READY and model.grpc_address:
             return model
         if ready_call:
             return None
-        _end(context, grpc.StatusCode.UNAVAILABLE, unavailable(model))
+        await _end(context, grpc.StatusCode.UNAVAILABLE, unavailable(model))
 
     def _channel(self, address: str) -> Any:
-        with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            return channel
+        """The pool's channel, made in this process's event loop on its first call (one per pool)."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
 
     # -- calls about the host ------------------------------------------------------------------
 
-    def server_live(self, request: bytes, context: Any) -> bytes:
+    async def server_live(self, request: bytes, context: Any) -> bytes:
         return bytes(pb.ServerLiveResponse(live=True).SerializeToString())
 
-    def server_ready(self, request: bytes, context: Any) -> bytes:
+    async def server_ready(self, request: bytes, context: Any) -> bytes:
         return bytes(pb.ServerReadyResponse(ready=not not_ready(self.view.models())).SerializeToString())
 
-    def server_metadata(self, request: bytes, context: Any) -> bytes:
+    async def server_metadata(self, request: bytes, context: Any) -> bytes:
         reply = pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
         return bytes(reply.SerializeToString())
 
-    def repository_index(self, request: bytes, context: Any) -> bytes:
+    async def repository_index(self, request: bytes, context: Any) -> bytes:
         ready = pb.RepositoryIndexRequest.FromString(request).ready
         listed = repository_index(self.view.models(), b'{"ready": true}' if ready else b"")
         entries = [pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in listed]
         return bytes(pb.RepositoryIndexResponse(models=entries).SerializeToString())
 
-    def health_check(self, request: bytes, context: Any) -> bytes:
+    async def health_check(self, request: bytes, context: Any) -> bytes:
         """grpc.health.v1: the host ("" or the service) as its readiness; a model (name or alias) as its state."""
         service = health_pb2.HealthCheckRequest.FromString(request).service
         if service in ("", SERVICE):
@@ -168,28 +163,26 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
         else:
             model = self.view.find(service)
             if model is None:
-                _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(service))
+                await _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(service))
             serving = model.state == READY
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         return bytes(health_pb2.HealthCheckResponse(status=status).SerializeToString())
 
-    def close(self) -> None:
-        with self._lock:
-            for channel in self._channels.values():
-                channel.close()
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
 
 
-def _end(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
+async def _end(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
     """End the call with `code` and `message` (grpc's abort raises; this says so to the type checker)."""
-    context.abort(code, message)
+    await context.abort(code, message)
     raise AssertionError("grpc's abort returned")
 
 
 def _deadline(context: Any) -> float | None:
-    """What is left of the call's deadline, for the call to the pool; None when it has none (grpc then says
-    the time left until its "infinite future", which as a timeout would overflow into one already past)."""
-    remaining: float = context.time_remaining()
-    return remaining if remaining < NO_DEADLINE_SECONDS else None
+    """What is left of the call's deadline, for the call to the pool; None when it has none."""
+    remaining: float | None = context.time_remaining()
+    return remaining if remaining is not None and remaining < NO_DEADLINE_SECONDS else None
 
 
 def _passed_on(context: Any, arrived: float) -> list[tuple[str, str | bytes]]:
@@ -200,20 +193,17 @@ def _passed_on(context: Any, arrived: float) -> list[tuple[str, str | bytes]]:
     return metadata
 
 
-def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> int:
-    """Route calls on `bind` until SIGTERM / SIGINT; then the calls in flight finish (at most `grace` s)."""
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGHUP:
-            return  # nothing to re-read: host.json is read per call
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+async def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> int:
+    """Route calls on `bind` until SIGTERM / SIGINT; then the calls in flight finish (at most `grace` s).
+    One event loop: a call waiting for its pool holds no thread, and the hop costs less CPU than a thread
+    pool's hand-offs (docs/BENCHMARKS.md)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # nothing to re-read: host.json is read per call
     router = Router(HostView(run_dir))
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="grpc-route"),
+    server = grpc.aio.server(
         handlers=[router],
         options=[
             ("grpc.so_reuseport", 0),  # one router: a second process on the port is a mistake, not a peer
@@ -224,11 +214,11 @@ def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> int:
     if server.add_insecure_port(bind) == 0:
         log.error("gRPC router: cannot listen on %s ([server] grpc_bind)", bind)
         return 1
-    server.start()
+    await server.start()
     log.info("gRPC router: listening on %s for every model of the host", bind)
-    stop.wait()
-    server.stop(grace).wait()
-    router.close()
+    await stop.wait()
+    await server.stop(grace)
+    await router.close()
     return 0
 
 
@@ -240,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.config.dictConfig(logs.logconfig_dict(settings.logging))
     run_dir = Path(os.environ[ENV_HOST_DIR])
     server = settings.server
-    raise SystemExit(serve(args.bind, run_dir, server.max_body_bytes, float(server.graceful_timeout)))
+    raise SystemExit(asyncio.run(serve(args.bind, run_dir, server.max_body_bytes, float(server.graceful_timeout))))
 
 
 if __name__ == "__main__":
