@@ -206,7 +206,7 @@ def pool_view(values: Mapping[str, Any], name: str, config_file: Path | None = N
 
     `[models.<name>]` becomes `[model]` (named `name`), `[tasks.<name>]` becomes `[task]`, its
     `limits` table overrides `[limits]`, `cache = false` turns `[cache]` off for it, its workers
-    and threads are `[server]`'s and its `bind` the pool's address. The host's own keys (budget,
+    and threads are `[server]`'s and its `bind` (and `grpc_bind`) the pool's address. The host's own keys (budget,
     traffic, optional) stay out: they are the host's plan (onnxpool.host).
     """
     from onnxpool.config.settings import HOST_ONLY_KEYS
@@ -233,6 +233,8 @@ def pool_view(values: Mapping[str, Any], name: str, config_file: Path | None = N
             server[key] = host[key]
     if host.get("bind"):
         server["bind"] = host["bind"]
+    # The file's [server] grpc_bind is the host's router's: a pool serves gRPC on its own address, if any.
+    server["grpc_bind"] = host.get("grpc_bind", "")
     view["server"] = server
     return view
 

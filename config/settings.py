@@ -253,6 +253,11 @@ class ModelEntry(ModelSettings):
     """This model's pool's own address (`HOST:PORT` or `unix:/path.sock`), for an nginx of your
     own (`onnxpool nginx-config`); "" = a socket in the run folder that only the front door uses."""
 
+    grpc_bind: str = ""
+    """This model's pool's own gRPC address (`HOST:PORT`), where the host's gRPC router (on `[server]
+    grpc_bind`) sends the calls that name it; "" = a loopback port the host chooses. Set it where the
+    host does not start the pools itself (the zoo pod: a container per model)."""
+
     limits: dict[str, Any] = Field(default_factory=dict)
     """`[models.<name>.limits]`: `[limits]` keys that differ for this model (e.g. max_queue_ms)."""
 
@@ -269,6 +274,11 @@ class ModelEntry(ModelSettings):
     @classmethod
     def _bind_shape(cls, value: str) -> str:
         return value and _check_bind(value)
+
+    @field_validator("grpc_bind")
+    @classmethod
+    def _grpc_bind_shape(cls, value: str) -> str:
+        return value and _check_tcp(value)
 
 
 HOST_ONLY_KEYS = frozenset(set(ModelEntry.model_fields) - set(ModelSettings.model_fields))

@@ -106,6 +106,7 @@ from onnxpool.host.supervisor import (
     pool_program,
     wrapped,
 )
+from onnxpool.host.view import GRPC_ROUTER
 from onnxpool.host.watcher import WatchedPool, answers_ready, follow_routes, set_state
 from onnxpool.proxy import nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
@@ -134,8 +135,6 @@ RUNS_DIR = "runs"
 """Each pool's own run folder goes inside the host's (`runs/<name>/`): whatever stops the host, a pool
 killed in its start included, the janitor's clean-up takes it too."""
 ROUTES_CONF = "onnxpool.host.routes_conf"
-GRPC_ROUTER = "onnxpool.host.grpc_router"
-"""The host's gRPC router (run, not imported: grpc must never be loaded in this process)."""
 
 
 class HostError(Exception):
@@ -560,7 +559,7 @@ class Host:
     def _track(self, plans: dict[str, ModelPlan], left_out: dict[str, str], required: bool) -> None:
         """Records for the file's models, in its order (`required`: the models of the start)."""
         models: dict[str, Model] = {}
-        ports = _GrpcPorts(self.settings.server.grpc_bind, self.models.values())
+        ports = _GrpcPorts(self.settings.server.grpc_bind, self.models.values(), self.settings.models.values())
         for name, entry in self.settings.models.items():
             known = self.models.get(name)
             plan = plans.get(name)
@@ -574,7 +573,7 @@ class Host:
                 address=entry.bind or pool_socket(self.run.path, name),
                 required=required and not entry.optional,
                 has_program=plan is not None,
-                grpc_address=ports.next() if plan is not None else "",
+                grpc_address=(entry.grpc_bind or ports.next()) if plan is not None and ports.on else "",
             )
             if plan is None:
                 model.state, model.reason = UNAVAILABLE, left_out.get(name, "not planned")
@@ -828,9 +827,10 @@ class _GrpcPorts:
     Each is free when chosen; its socket stays open until every port of the batch is chosen, so that two
     models never get the same one."""
 
-    def __init__(self, grpc_bind: str, kept: Iterable[Model]) -> None:
+    def __init__(self, grpc_bind: str, kept: Iterable[Model], entries: Iterable[ModelEntry]) -> None:
         self.on = bool(grpc_bind)
         self.taken = {model.grpc_address for model in kept if model.grpc_address}
+        self.taken |= {entry.grpc_bind for entry in entries if entry.grpc_bind}
         self.held: list[socket.socket] = []
 
     def next(self) -> str:

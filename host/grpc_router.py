@@ -128,7 +128,8 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             return model
         if ready_call:
             return None
-        await _end(context, grpc.StatusCode.UNAVAILABLE, unavailable(model))
+        why = unavailable(model) if model.state != READY else f"model {model.name} serves no gRPC here (no address)"
+        await _end(context, grpc.StatusCode.UNAVAILABLE, why)
 
     def _channel(self, address: str) -> Any:
         """The pool's channel, made in this process's event loop on its first call (one per pool)."""
@@ -224,13 +225,16 @@ async def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m onnxpool.host.grpc_router")
-    parser.add_argument("--bind", required=True, help="HOST:PORT: the host's [server] grpc_bind")
+    parser.add_argument("--bind", help="HOST:PORT (default: the file's [server] grpc_bind)")
     args = parser.parse_args(argv)
     settings = load_settings(pool="").settings  # the host's file ($ONNXPOOL_CONFIG), as the host read it
     logging.config.dictConfig(logs.logconfig_dict(settings.logging))
     run_dir = Path(os.environ[ENV_HOST_DIR])
     server = settings.server
-    raise SystemExit(asyncio.run(serve(args.bind, run_dir, server.max_body_bytes, float(server.graceful_timeout))))
+    bind = args.bind or server.grpc_bind
+    if not bind:
+        raise SystemExit("onnxpool: error: no [server] grpc_bind: nothing to listen on")
+    raise SystemExit(asyncio.run(serve(bind, run_dir, server.max_body_bytes, float(server.graceful_timeout))))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ from its first READY on (a restart then costs its own requests a 502/503, never 
 re-rendered (a HUP: its old workers finish what they hold) when the routable models change, or
 when a HUP of this process read a file whose callers or quotas changed (config/nginx_callers.py).
 
-Process rules: this process is the container's pid 1 and nginx its only child. SIGTERM (the
-kubelet, after preStop) becomes nginx's graceful QUIT; HUP reads the settings file again (nginx is
-HUPped only if its files changed); USR1 is passed on; the exit
+Process rules: this process is the container's pid 1; nginx is its child, and with [server] grpc_bind
+the host's gRPC router too (host/grpc_router.py: the pod's one gRPC port, routed by the model a call
+names to the model's container at its [models.<name>] grpc_bind; started again if it exits). SIGTERM
+(the kubelet, after preStop) becomes nginx's graceful QUIT and the router's TERM; HUP reads the
+settings file again (nginx is HUPped only if its files changed); USR1 is passed on; the exit
 status is nginx's. nginx exiting on its own ends this process too (the kubelet restarts the
 container). The models' containers wait for nginx's pid file to go before they stop serving
 ([nginx] pidfile names it), as the one-model pod's onnxpool container does.
@@ -45,7 +47,7 @@ from types import FrameType
 
 from onnxpool import logs
 from onnxpool.config.callers import CallerBook
-from onnxpool.config.loader import ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
+from onnxpool.config.loader import ENV_CONFIG_FILE, ENV_HOST_DIR, ConfigError, LoadedSettings, load_settings
 from onnxpool.host.front_door import FrontDoorError, PoolRoute, front_door_callers, write_checked_front_door
 from onnxpool.host.nginx_workers import await_new_workers, nginx_workers
 from onnxpool.host.state import (
@@ -58,6 +60,7 @@ from onnxpool.host.state import (
     read_pool_error,
     write_host,
 )
+from onnxpool.host.view import GRPC_ROUTER
 from onnxpool.host.watcher import WatchedPool, answers_ready, follow_routes, set_state
 from onnxpool.proxy import FORWARD, copy_lines, nginx_binary
 from onnxpool.server.model_states import LOADING, READY, UNAVAILABLE
@@ -71,6 +74,7 @@ PROBE_SECONDS = 1.0
 RELOAD_SECONDS = 5.0
 RESTARTS = "the kubelet restarts its container"
 PRIORITY = "its container's cpu request (cgroup weight)"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 @dataclass
@@ -89,6 +93,7 @@ class WatchedModel(WatchedPool):
             version=self.entry.version,
             aliases=self.entry.aliases,
             address=self.address,
+            grpc_address=self.entry.grpc_bind,
             state=self.state,
             reason=self.reason,
             required=not self.entry.optional,
@@ -134,6 +139,9 @@ class PodFrontDoor:
         }
         self.routed: tuple[PoolRoute, ...] | None = None
         self.nginx: subprocess.Popen[bytes] | None = None
+        self.router: subprocess.Popen[bytes] | None = None
+        """The gRPC router ([server] grpc_bind), this process's second child."""
+        self.stopping = False
 
     @property
     def routes_address(self) -> str:
@@ -233,16 +241,49 @@ class PodFrontDoor:
         threading.Thread(target=copy_lines, args=(self.nginx.stdout, sys.stdout.buffer), daemon=True).start()
         log.info("front door: nginx on %s", self.loaded.settings.server.bind)
 
+    def _keep_router(self) -> None:
+        """With [server] grpc_bind: the host's gRPC router (host/grpc_router.py) runs beside nginx, reading
+        host.json; one that exited is started again (the kubelet restarts only the container's pid 1)."""
+        grpc_bind = self.loaded.settings.server.grpc_bind
+        if not grpc_bind or (self.router is not None and self.router.poll() is None) or self.stopping:
+            return
+        if self.router is not None:
+            log.error("gRPC router exited (status %s): started again", self.router.returncode)
+        else:
+            for name, model in self.models.items():
+                if not model.entry.grpc_bind:
+                    log.warning("model %s: no [models.%s] grpc_bind: its gRPC calls are refused", name, name)
+        env = {**os.environ, ENV_HOST_DIR: str(self.folder)}
+        if self.config_file is not None:
+            env[ENV_CONFIG_FILE] = str(self.config_file)
+        self.router = subprocess.Popen([sys.executable, "-m", GRPC_ROUTER], env=env)
+
+    def _stop_router(self, grace: float) -> None:
+        if self.router is None or self.router.poll() is not None:
+            return
+        self.router.send_signal(signal.SIGTERM)  # it finishes the calls in flight
+        try:
+            self.router.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.router.kill()
+            self.router.wait()
+
     def serve(self) -> int:
         """Until nginx exits (its status; 128 + a signal's number when one killed it)."""
         self.publish()
         self.route()
         assert self.nginx is not None
+        self._keep_router()
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             if signum == signal.SIGHUP and self.config_file is not None:
                 self.reread = True  # the loop reads the file, re-renders and HUPs nginx if that changed it
-            elif self.nginx is not None and self.nginx.poll() is None:
+                return
+            if signum in STOP_SIGNALS:
+                self.stopping = True
+                if self.router is not None and self.router.poll() is None:
+                    self.router.send_signal(signal.SIGTERM)
+            if self.nginx is not None and self.nginx.poll() is None:
                 self.nginx.send_signal(FORWARD[signal.Signals(signum)])
 
         for signum in FORWARD:
@@ -254,8 +295,10 @@ class PodFrontDoor:
             self.route()  # before the states are published: READY is routed
             if changed:
                 self.publish()
+            self._keep_router()
             settling = any(model.state != READY and not model.refused for model in self.models.values())
             time.sleep(START_POLL_SECONDS if settling else POLL_SECONDS)
+        self._stop_router(self.loaded.settings.server.graceful_timeout + 5)
         code = self.nginx.returncode
         return code if code >= 0 else 128 - code
 

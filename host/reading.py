@@ -33,8 +33,10 @@ def restart_only_changes(running: Settings, read: Settings) -> None:
             )
     for name, entry in read.models.items():
         kept = running.models.get(name)
-        if kept is not None and kept.bind != entry.bind:
-            raise ConfigError(
-                f"models.{name}.bind changed ({kept.bind!r} -> {entry.bind!r}): a restart applies it (its pool "
-                "listens on it from its start); nothing of this file was applied"
-            )
+        for key in ("bind", "grpc_bind"):
+            before, after = getattr(kept, key, None), getattr(entry, key)
+            if kept is not None and before != after:
+                raise ConfigError(
+                    f"models.{name}.{key} changed ({before!r} -> {after!r}): a restart applies it (its pool "
+                    "listens on it from its start); nothing of this file was applied"
+                )

@@ -13,6 +13,9 @@ from onnxpool.host.state import HOST_FILE, HostModel, HostState, read_host
 from onnxpool.server.model_states import READY
 
 NOT_STARTED = "(the host has not started its models yet)"
+GRPC_ROUTER = "onnxpool.host.grpc_router"
+"""The gRPC router's module, which the host and the pod's front door run as a process of its own, never
+import: grpc must not be loaded in a process that forks (an import-linter contract, pyproject.toml)."""
 
 
 class HostView:

@@ -491,6 +491,37 @@ def check_nginx(docs: Docs) -> list[str]:
     return problems
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def check_grpc(docs: Docs) -> list[str]:
+    """gRPC through the pod's nginx: the Service's port grpc reaches nginx's [nginx] grpc_listen, which passes
+    to the workers' [server] grpc_bind on loopback (only nginx reaches them: quotas, X-Request-Start)."""
+    problems = []
+    proxy = container(deployment(docs), PROXY)
+    port = next((p["containerPort"] for p in proxy.get("ports", []) if p.get("name") == "grpc"), None)
+    listen = str(setting(docs, "nginx", "grpc_listen", "", PROXY))
+    bind = str(setting(docs, "server", "grpc_bind", "", APP))
+    targeted = [
+        sp for svc in objects(docs, "Service") for sp in svc["spec"].get("ports", []) if sp.get("name") == "grpc"
+    ]
+    if port is None:
+        return [f"Service port grpc targets no container port grpc of {PROXY}"] if targeted else []
+    if listen.rpartition(":")[2] != str(port):
+        problems.append(f"nginx.grpc_listen {listen!r} is not the container port grpc ({port})")
+    host = bind.rpartition(":")[0]
+    if not bind or host not in LOOPBACK:
+        problems.append(f"server.grpc_bind {bind!r}: the workers' gRPC must be on loopback, behind nginx")
+    if str(setting(docs, "server", "grpc_bind", "", PROXY)) != bind:
+        problems.append("server.grpc_bind differs between the containers: nginx would pass gRPC elsewhere")
+    for sp in targeted:
+        if sp.get("targetPort") not in ("grpc", port) or sp.get("appProtocol") != "kubernetes.io/h2c":
+            problems.append(f"Service port grpc {sp}: targetPort grpc, appProtocol kubernetes.io/h2c expected")
+    if not targeted:
+        problems.append("nginx serves gRPC but no Service port is named grpc")
+    return problems
+
+
 def check_scrape(docs: Docs) -> list[str]:
     annotations = deployment(docs)["spec"]["template"]["metadata"].get("annotations", {})
     scraped = annotations.get("prometheus.io/scrape") == "true" and annotations.get("prometheus.io/path") == "/metrics"
@@ -722,12 +753,24 @@ def check_zoo_pod(docs: Docs) -> list[str]:
         problems.append(
             f"server.bind {bind} (the front door) is not the container port http ({http}) on the pod's network"
         )
+    grpc = {p["name"]: p["containerPort"] for p in container(dep, PROXY).get("ports", []) if "name" in p}.get("grpc")
+    grpc_bind = str(setting(docs, "server", "grpc_bind", "", PROXY))
     for svc in objects(docs, "Service"):
         for sp in svc["spec"].get("ports", []):
-            if sp.get("targetPort", sp["port"]) not in ("http", http):
+            target = sp.get("targetPort", sp["port"])
+            if target in ("grpc", grpc) and grpc is not None:
+                # The host's gRPC router (beside nginx) on the pod's network, on the port the Service targets.
+                ghost, _, gport = grpc_bind.rpartition(":")
+                if not gport.isdigit() or int(gport) != grpc or ghost in LOOPBACK:
+                    problems.append(f"server.grpc_bind {grpc_bind!r} (the router) is not the container port grpc")
+            elif target not in ("http", http):
                 problems.append(
                     f"Service {svc['metadata']['name']} targetPort {sp.get('targetPort')!r} is not port http"
                 )
+    if grpc_bind:
+        addresses = {name: str(entry.get("grpc_bind", "")) for name, entry in zoo_models(docs).items()}
+        if "" in addresses.values() or len(set(addresses.values())) != len(addresses):
+            problems.append(f"[models.<name>] grpc_bind {addresses}: the router needs each model's own address")
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     if "prometheus.io/port" in annotations and int(annotations["prometheus.io/port"]) != http:
         problems.append(
@@ -1018,6 +1061,7 @@ CHECKS: dict[str, Callable[[Docs], list[str]]] = {
     "scrape": check_scrape,
     "ingress": check_ingress,
     "nginx": check_nginx,
+    "grpc": check_grpc,
     "monitoring": check_monitoring,
 }
 
@@ -1047,6 +1091,7 @@ NEGATIVE = {
     "bad-ingress": ("ingress", "proxy-body-size"),
     "bad-scrape": ("scrape", "scraped twice"),
     "bad-nginx": ("nginx", "nginx.pidfile"),
+    "bad-grpc": ("grpc", "nginx.grpc_listen"),
     "bad-monitoring": ("monitoring", "differs from deploy/monitoring/onnxpool-rules.yml"),
     "bad-zoo-pod": ("zoo_pod", "is not the container port http"),
     "bad-zoo-budget": ("zoo_resources", "idle cores are not lent"),

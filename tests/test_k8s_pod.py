@@ -50,12 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 
 from tests import pod_load
 from tests.deploy_harness import nginx_binary
-from tests.harness import DEMO_MODEL, REPO, Server, free_port, spawn_logged
+from tests.harness import DEMO_MODEL, MODEL_NAME, REPO, Server, free_port, spawn_logged
 from tests.k8s_render import OVERLAYS, in_ci, need_tool, render
 from tests.slow_model import build_slow_model, infer_body, server_settings
 
@@ -277,6 +279,7 @@ class PodRun:
     nginx: subprocess.Popen[bytes]  # the nginx container's process (`onnxpool nginx`)
     nginx_log: Path
     port: int  # nginx's: the pod's port
+    grpc_port: int  # nginx's gRPC listener: the pod's port grpc
     shared: dict[str, Path]  # emptyDir volume -> the folder standing in for it
     quotas: dict[str, CpuQuota]
     ready_after: float
@@ -369,6 +372,9 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
             folder.mkdir()
             os.chown(folder, pod.uid, pod.gid)  # an emptyDir is the pod's (fsGroup)
         port = free_port()
+        # The pod's gRPC (the Service's port grpc, and the workers' loopback address behind nginx) on free
+        # loopback ports too: the manifest's fixed ones would collide with other runs on this host.
+        grpc_port, grpc_bind = free_port(), f"{HOST}:{free_port()}"
         venv = Path(sys.prefix)
         logs: dict[str, Path] = {}
         envs: dict[str, dict[str, str]] = {}
@@ -381,7 +387,7 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
                     (folder / name).write_text(text, encoding="utf-8")
                     (folder / name).chmod(0o644)
                 config_dirs[path] = folder
-            env = {**image_env(venv), **c.env}
+            env = {**image_env(venv), **c.env, "ONNXPOOL_SERVER__GRPC_BIND": grpc_bind}
             if c.name == APP:
                 # /models is the image's: here the checkout's demo model (its labels.txt found beside it).
                 env["ONNXPOOL_MODEL__PATH"] = str(DEMO_MODEL)
@@ -389,6 +395,7 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
             else:
                 # The pod's port, on a free loopback port (no pod network namespace here).
                 env["ONNXPOOL_NGINX__LISTEN"] = f"{HOST}:{port}"
+                env["ONNXPOOL_NGINX__GRPC_LISTEN"] = f"{HOST}:{grpc_port}"
             envs[c.name] = env
             workdir = env.get("ONNXPOOL_SERVER__RUN_DIR", next(iter(c.empty_dirs)))
             script = mount_script(c, shared, config_dirs, workdir, share)
@@ -412,6 +419,7 @@ def run_pod(pod: Pod, share: Path, extra_env: dict[str, str] | None = None) -> I
                 nginx=nginx_process,
                 nginx_log=logs[PROXY],
                 port=port,
+                grpc_port=grpc_port,
                 shared=shared,
                 quotas=quotas,
                 ready_after=time.monotonic() - t0,
@@ -510,6 +518,13 @@ def test_pod_serves_under_its_own_conditions(demo_pod: PodRun, pod: Pod, capsys:
     assert "cat" in answer.text.lower(), answer.text[:300]
     assert answer.headers["Server"] == "nginx" and answer.headers.get("X-Request-ID")
     assert "queue;dur=" in answer.headers["Server-Timing"]  # X-Request-Start from nginx: shedding can judge
+    # gRPC through the pod's nginx (the Service's port grpc): tritonclient.grpc unchanged.
+    client = grpcclient.InferenceServerClient(f"{HOST}:{run.grpc_port}")
+    assert client.is_server_ready()
+    tensor = grpcclient.InferInput("input", [1, 3, 224, 224], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+    logits = client.infer(MODEL_NAME, [tensor]).as_numpy("logits")
+    assert logits is not None and logits.shape == (1, 1000)
 
     log = server.log()
     line = layout_line(log)

@@ -24,7 +24,8 @@ CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_
    container's `--cpus` / `--memory` limits, all capabilities dropped,
    no-new-privileges, the pod's port published. Then: ready through nginx within
    the startup budget, every probe (nginx's httpGet ones; gunicorn's exec
-   liveness via `podman exec`), /metrics, /docs and its files, a cat, the layout line; 2 slow clients
+   liveness via `podman exec`), /metrics, /docs and its files, a cat, one gRPC ModelInfer
+   (tritonclient.grpc) through the pod's port grpc, the layout line; 2 slow clients
    (1 byte/s) with requests and probes still answered; a closed loop of
    overload (503 + Retry-After, probes green, served p99 bounded; its connections
    set from the measured service time, so it is overload on any CPU); a clean
@@ -34,8 +35,8 @@ CI runs this after `make test` (as root):  .venv/bin/python deploy/container/ci_
    terminationGracePeriodSeconds.
 6. The zoo overlay as a podman pod: a container per model (each with its cpu
    request as its cgroup weight, read from /proc and /sys), the host's routes, the
-   front door; a cat and a setosa through it; kill -9 of iris's container (its
-   pid 1) during a loop on efficientnet-lite0, `podman start` as the kubelet's
+   front door; a cat and a setosa through it, and a setosa over gRPC (the router, by model
+   name); kill -9 of iris's container (its pid 1) during a loop on efficientnet-lite0, `podman start` as the kubelet's
    restart: the loop loses nothing, iris is READY again; every container stops
    with exit 0 at once.
 
@@ -298,6 +299,14 @@ class Pod:
     def port(self) -> int:
         return int(next(p["containerPort"] for p in self.container(PROXY)["ports"] if p.get("name") == "http"))
 
+    @property
+    def grpc_port(self) -> int | None:
+        """The port the Service's port grpc targets (nginx's gRPC listener; the zoo's router), if any."""
+        ports = [
+            p["containerPort"] for c in self.spec["containers"] for p in c.get("ports", []) if p.get("name") == "grpc"
+        ]
+        return int(ports[0]) if ports else None
+
 
 @dataclass
 class Running:
@@ -307,6 +316,8 @@ class Running:
     cids: dict[str, str]
     volume: str
     port: int
+    grpc_port: int = 0
+    """The pod's port grpc, published on 127.0.0.1 (0: the pod has none)."""
     ready_after: float = 0.0
 
     @property
@@ -336,8 +347,11 @@ def start_pod(pod: Pod, tag: str, workdir: Path, extra: dict[str, list[str]] | N
             return None
         volumes[v["name"]] = volume
         running.volume = volume
-    created = run([*PODMAN, "pod", "create", "--name", name, "-p", f"127.0.0.1:{running.port}:{pod.port}"],
-                  capture_output=True)  # fmt: skip
+    published = ["-p", f"127.0.0.1:{running.port}:{pod.port}"]
+    if pod.grpc_port is not None:
+        running.grpc_port = free_port()
+        published += ["-p", f"127.0.0.1:{running.grpc_port}:{pod.grpc_port}"]
+    created = run([*PODMAN, "pod", "create", "--name", name, *published], capture_output=True)
     if created.returncode != 0:
         record("podman pod create", False, created.stderr[-2000:])
         return None
@@ -534,6 +548,7 @@ def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
         payload, ctype = multipart("image", CAT)
         status, body = http("POST", running.base + "/predict", payload, {"Content-Type": ctype}, timeout=30)
         record("POST /predict (cat photo)", status == 200 and b"cat" in body.lower(), f"HTTP {status} {body[:120]!r}")
+        grpc_infer(running, "efficientnet-lite0", "input", (1, 3, 224, 224), "logits")
         text = container_log(running.cids[APP])
         want = f"cpu: {pod.layout}"
         line = next((ln for ln in text.splitlines() if "cpu: " in ln), "")
@@ -547,6 +562,26 @@ def serve_like_pod(pod: Pod, tag: str, workdir: Path) -> None:
             dump_logs(running)
     finally:
         remove_pod(running)
+
+
+def grpc_infer(running: Running, model: str, name: str, shape: tuple[int, ...], output: str, prefix: str = "") -> None:
+    """One ModelInfer with tritonclient.grpc, unchanged, through the pod's port grpc (nginx's gRPC listener,
+    or in the zoo the host's gRPC router, which finds the model by the name in the message)."""
+    import numpy as np  # the checkout's venv (dev extras), as the rest of this script's clients
+    import tritonclient.grpc as grpcclient
+
+    if not running.grpc_port:
+        record(f"{prefix}gRPC ModelInfer ({model}) through the pod's port grpc", False, "the pod has no port grpc")
+        return
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{running.grpc_port}")
+        tensor = grpcclient.InferInput(name, list(shape), "FP32")
+        tensor.set_data_from_numpy(np.full(shape, 0.5, np.float32))
+        result = client.infer(model, [tensor], client_timeout=30).as_numpy(output)
+        ok, detail = result is not None and result.shape[0] == 1, f"{output} {None if result is None else result.shape}"
+    except Exception as exc:  # the check's record says what failed, whatever it was
+        ok, detail = False, f"{type(exc).__name__}: {exc}"
+    record(f"{prefix}gRPC ModelInfer ({model}) through the pod's port grpc (tritonclient.grpc)", ok, detail)
 
 
 def watching(pod: Pod, running: Running) -> list[pod_load.Watch]:
@@ -744,6 +779,7 @@ def _zoo_checks(pod: Pod, running: Running, models: dict[str, dict[str, Any]]) -
     record("zoo: a cat (efficientnet-lite0) and a setosa (iris) through the front door",
            status == 200 and b"cat" in body.lower() and iris_status == 200 and b"setosa" in iris_body.lower(),
            f"/predict HTTP {status}, iris HTTP {iris_status} {iris_body[:80]!r}")  # fmt: skip
+    grpc_infer(running, "iris", "input", (1, 4), "probabilities", "zoo: ")
     request: pod_load.Request = ("POST", "/predict", payload, {"Content-Type": ctype, "Cache-Control": "no-store"})
     stop = threading.Event()
     loop: list[pod_load.Outcome] = []
