@@ -14,7 +14,6 @@ own CPU per call is read from /proc.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,6 @@ from tests.harness import free_port
 from tests.host_harness import (
     IMAGE_MODEL,
     SETOSA,
-    Host,
     image_table,
     iris_table,
     one_worker,
@@ -96,16 +94,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def pool_addresses(host: Host) -> dict[str, str]:
-    run = next(
-        Path(line.split("unix:", 1)[1].split("/pools/", 1)[0])
-        for line in host.log().splitlines()
-        if "Listening at: unix:" in line and "/pools/" in line
-    )
-    document = json.loads((run / "host.json").read_text(encoding="utf-8"))
-    return {model["name"]: model["grpc_address"] for model in document["models"]}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -128,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print("starting the host ...", file=sys.stderr)
         host = start_host(folder, config)
         try:
-            direct = pool_addresses(host)
+            direct = {name: str(model["grpc_address"]) for name, model in host.host_json().items()}
             router_pid = host.program("grpc")
             rows = []
             for model in ("image", "iris"):

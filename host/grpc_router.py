@@ -19,20 +19,24 @@ supervisord program of the host (host/supervisor.py), does:
 
 It stamps `x-request-start` on a call that has none, so the pool's shedding ([limits] max_queue_ms)
 counts the wait from the host's door, as nginx's stamp does for REST. grpc is imported by this
-module only, in this process, which forks nothing (docs/ARCHITECTURE.md).
+module only, in this process, which forks nothing (docs/ARCHITECTURE.md). `python -m
+onnxpool.host.grpc_router` (the host's supervisord program `grpc`; in the zoo pod, the front door's
+second child) reads the host's file ($ONNXPOOL_CONFIG) and its run folder ($ONNXPOOL_HOST_DIR).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import logging.config
 import os
 import signal
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent import futures
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import grpc
@@ -53,6 +57,10 @@ log = logging.getLogger("onnxpool.host")
 ROUTED = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStatistics")
 """The service's calls whose field 1 is the model's name."""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+CALL_THREADS = 128
+"""Calls in flight at once (each holds a thread while its pool answers; more wait in gRPC's queue). A
+thread per call costs less CPU per call than grpc.aio's event loop here: ~390 against ~475 µs for an iris
+call, measured in alternating runs (docs/BENCHMARKS.md, "gRPC on a several-models host")."""
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
@@ -66,7 +74,7 @@ NO_DEADLINE_SECONDS = 10**7
 _NOT_PASSED = ("grpc-", ":", "user-agent")
 """Metadata that is the transport's own: the channel to the pool writes its own."""
 
-Behaviour = Callable[[bytes, Any], Awaitable[bytes]]
+Behaviour = Callable[[bytes, Any], bytes]
 
 
 class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
@@ -75,6 +83,7 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
     def __init__(self, view: HostView) -> None:
         self.view = view
         self._channels: dict[str, Any] = {}
+        self._lock = threading.Lock()
         handlers: dict[str, Behaviour] = {f"/{SERVICE}/{name}": self._forwarder(name) for name in ROUTED}
         handlers.update(
             {
@@ -96,67 +105,67 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
     def _forwarder(self, name: str) -> Behaviour:
         method = f"/{SERVICE}/{name}"
 
-        async def forward(request: bytes, context: Any) -> bytes:
+        def forward(request: bytes, context: Any) -> bytes:
             arrived = time.time()
             try:
                 model_name = first_string(request)
             except WireError as exc:
-                await _end(context, grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a {name}Request: {exc}")
-            model = await self._served(model_name, context, ready_call=name == "ModelReady")
+                _end(context, grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a {name}Request: {exc}")
+            model = self._served(model_name, context, ready_call=name == "ModelReady")
             if model is None:  # ModelReady of a model that is not serving: Triton's answer, not an error
                 return bytes(pb.ModelReadyResponse(ready=False).SerializeToString())
-            call = self._channel(model.grpc_address).unary_unary(method)(
-                request, timeout=_deadline(context), metadata=_passed_on(context, arrived)
-            )
+            call = self._channel(model.grpc_address).unary_unary(method)
             try:
-                reply = await call
-            except grpc.aio.AioRpcError as exc:
+                reply, outcome = call.with_call(
+                    request, timeout=_deadline(context), metadata=_passed_on(context, arrived)
+                )
+            except grpc.RpcError as exc:
                 context.set_trailing_metadata(exc.trailing_metadata() or ())
-                await _end(context, exc.code(), exc.details() or f"model {model.name}: {exc.code().name}")
-            context.set_trailing_metadata(await call.trailing_metadata() or ())
+                _end(context, exc.code(), exc.details() or f"model {model.name}: {exc.code().name}")
+            context.set_trailing_metadata(outcome.trailing_metadata() or ())
             return bytes(reply)
 
         return forward
 
-    async def _served(self, name: str, context: Any, ready_call: bool = False) -> HostModel | None:
+    def _served(self, name: str, context: Any, ready_call: bool = False) -> HostModel | None:
         """The model `name` (or alias) names, if it is serving; else the call ends NOT_FOUND (not served) or
         UNAVAILABLE (loading, failed, removed); `ready_call`: None for one that is not serving."""
         model = self.view.find(name)
         if model is None:
-            await _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(name))
+            _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(name))
         if model.state == READY and model.grpc_address:
             return model
         if ready_call:
             return None
         why = unavailable(model) if model.state != READY else f"model {model.name} serves no gRPC here (no address)"
-        await _end(context, grpc.StatusCode.UNAVAILABLE, why)
+        _end(context, grpc.StatusCode.UNAVAILABLE, why)
 
     def _channel(self, address: str) -> Any:
-        """The pool's channel, made in this process's event loop on its first call (one per pool)."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return channel
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            return channel
 
     # -- calls about the host ------------------------------------------------------------------
 
-    async def server_live(self, request: bytes, context: Any) -> bytes:
+    def server_live(self, request: bytes, context: Any) -> bytes:
         return bytes(pb.ServerLiveResponse(live=True).SerializeToString())
 
-    async def server_ready(self, request: bytes, context: Any) -> bytes:
+    def server_ready(self, request: bytes, context: Any) -> bytes:
         return bytes(pb.ServerReadyResponse(ready=not not_ready(self.view.models())).SerializeToString())
 
-    async def server_metadata(self, request: bytes, context: Any) -> bytes:
+    def server_metadata(self, request: bytes, context: Any) -> bytes:
         reply = pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
         return bytes(reply.SerializeToString())
 
-    async def repository_index(self, request: bytes, context: Any) -> bytes:
+    def repository_index(self, request: bytes, context: Any) -> bytes:
         ready = pb.RepositoryIndexRequest.FromString(request).ready
         listed = repository_index(self.view.models(), b'{"ready": true}' if ready else b"")
         entries = [pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in listed]
         return bytes(pb.RepositoryIndexResponse(models=entries).SerializeToString())
 
-    async def health_check(self, request: bytes, context: Any) -> bytes:
+    def health_check(self, request: bytes, context: Any) -> bytes:
         """grpc.health.v1: the host ("" or the service) as its readiness; a model (name or alias) as its state."""
         service = health_pb2.HealthCheckRequest.FromString(request).service
         if service in ("", SERVICE):
@@ -164,26 +173,28 @@ class Router(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
         else:
             model = self.view.find(service)
             if model is None:
-                await _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(service))
+                _end(context, grpc.StatusCode.NOT_FOUND, self.view.unknown(service))
             serving = model.state == READY
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         return bytes(health_pb2.HealthCheckResponse(status=status).SerializeToString())
 
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
 
 
-async def _end(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
+def _end(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
     """End the call with `code` and `message` (grpc's abort raises; this says so to the type checker)."""
-    await context.abort(code, message)
+    context.abort(code, message)
     raise AssertionError("grpc's abort returned")
 
 
 def _deadline(context: Any) -> float | None:
-    """What is left of the call's deadline, for the call to the pool; None when it has none."""
-    remaining: float | None = context.time_remaining()
-    return remaining if remaining is not None and remaining < NO_DEADLINE_SECONDS else None
+    """What is left of the call's deadline, for the call to the pool; None when it has none (grpc then says
+    the time left until its "infinite future", which as a timeout would overflow into one already past)."""
+    remaining: float = context.time_remaining()
+    return remaining if remaining < NO_DEADLINE_SECONDS else None
 
 
 def _passed_on(context: Any, arrived: float) -> list[tuple[str, str | bytes]]:
@@ -194,17 +205,20 @@ def _passed_on(context: Any, arrived: float) -> list[tuple[str, str | bytes]]:
     return metadata
 
 
-async def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> int:
-    """Route calls on `bind` until SIGTERM / SIGINT; then the calls in flight finish (at most `grace` s).
-    One event loop: a call waiting for its pool holds no thread, and the hop costs less CPU than a thread
-    pool's hand-offs (docs/BENCHMARKS.md)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # nothing to re-read: host.json is read per call
+def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> int:
+    """Route calls on `bind` until SIGTERM / SIGINT; then the calls in flight finish (at most `grace` s)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            return  # nothing to re-read: host.json is read per call
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     router = Router(HostView(run_dir))
-    server = grpc.aio.server(
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="grpc-route"),
         handlers=[router],
         options=[
             ("grpc.so_reuseport", 0),  # one router: a second process on the port is a mistake, not a peer
@@ -215,11 +229,11 @@ async def serve(bind: str, run_dir: Path, max_body_bytes: int, grace: float) -> 
     if server.add_insecure_port(bind) == 0:
         log.error("gRPC router: cannot listen on %s ([server] grpc_bind)", bind)
         return 1
-    await server.start()
+    server.start()
     log.info("gRPC router: listening on %s for every model of the host", bind)
-    await stop.wait()
-    await server.stop(grace)
-    await router.close()
+    stop.wait()
+    server.stop(grace).wait()
+    router.close()
     return 0
 
 
@@ -234,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     bind = args.bind or server.grpc_bind
     if not bind:
         raise SystemExit("onnxpool: error: no [server] grpc_bind: nothing to listen on")
-    raise SystemExit(asyncio.run(serve(bind, run_dir, server.max_body_bytes, float(server.graceful_timeout))))
+    raise SystemExit(serve(bind, run_dir, server.max_body_bytes, float(server.graceful_timeout)))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,20 @@ def stop_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, time
         process.wait(5)
 
 
+def stop_together(*processes: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """SIGTERM to each of `processes` at once (as the kubelet stops a pod's containers), then wait for each;
+    one that outlives `timeout` is killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 # --- nginx ----------------------------------------------------------------------------------------
 
 MAIN_CONF = """\

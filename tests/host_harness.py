@@ -8,6 +8,7 @@ through these helpers.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -178,6 +180,18 @@ class Host:
         programs = set(children_of(self.supervisord()))
         found = {m["name"]: int(m["pid"]) for m in LISTENING.finditer(self.log())}
         return {name: pid for name, pid in found.items() if pid in programs}
+
+    def run_folder(self) -> Path:
+        """The host's run folder (the pools' sockets are in it), from the socket a pool said it listens on."""
+        for line in self.log().splitlines():
+            if "Listening at: unix:" in line and "/pools/" in line:
+                return Path(line.split("unix:", 1)[1].split("/pools/", 1)[0])
+        raise AssertionError("no pool socket in the log")
+
+    def host_json(self) -> dict[str, dict[str, Any]]:
+        """host.json's models, by name (what the host's routes and its gRPC router read)."""
+        document = json.loads((self.run_folder() / "host.json").read_text(encoding="utf-8"))
+        return {model["name"]: model for model in document["models"]}
 
     def supervisord(self) -> int:
         """The host's supervisord (its one lasting child; `nginx -t` runs beside it for a moment)."""

@@ -42,6 +42,7 @@ from onnxpool.config.nginx import RENDERED_DEFAULT, render_site
 from onnxpool.config.settings import CallerSettings, CallersSettings, Settings
 from onnxpool.measure.servers import wait_http_ok
 from onnxpool.workers.lanes import Choice, LanePlan, choose
+from tests.deploy_harness import stop_together
 from tests.harness import clean_env, free_port, port_with_free_lanes, running_server, spawn_logged
 from tests.host_harness import (
     NGINX,
@@ -381,13 +382,7 @@ def test_one_model_behind_onnxpool_nginx_keeps_callers_named_by_a_header_apart(t
         assert [reply.status_code for reply in replies] == [200, 429, 429], [reply.text for reply in replies]
         assert replies[1].headers["Retry-After"] == "1"
     finally:
-        for process in (nginx, serve):
-            process.send_signal(signal.SIGTERM)
-        for process in (nginx, serve):
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_together(nginx, serve)
 
 
 # --- no callers: exactly as before -------------------------------------------------------------------

@@ -6,12 +6,10 @@ Through a real host (supervisord, a gunicorn pool per model, the router) with tr
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -76,16 +74,6 @@ def _tiny(client: grpcclient.InferenceServerClient) -> np.ndarray:
     return output
 
 
-def _host_json(host: Host) -> dict[str, dict[str, object]]:
-    run = next(
-        Path(line.split("unix:", 1)[1].split("/pools/", 1)[0])
-        for line in host.log().splitlines()
-        if "Listening at: unix:" in line and "/pools/" in line
-    )
-    document = json.loads((run / "host.json").read_text(encoding="utf-8"))
-    return {model["name"]: model for model in document["models"]}
-
-
 def test_every_model_by_name_on_the_hosts_one_port(grpc_host: tuple[Host, str]) -> None:
     host, address = grpc_host
     client = grpcclient.InferenceServerClient(address)
@@ -105,7 +93,7 @@ def test_every_model_by_name_on_the_hosts_one_port(grpc_host: tuple[Host, str]) 
         _iris(client, "nope")
     assert "this host serves: iris, tiny" in unknown_infer.value.message()
     # Each pool's own gRPC port is a loopback one, in host.json for whoever routes.
-    pools = _host_json(host)
+    pools = host.host_json()
     assert all(str(pools[name]["grpc_address"]).startswith("127.0.0.1:") for name in ("iris", "tiny"))
     assert "gRPC: the router on" in host.log()
 
@@ -144,7 +132,7 @@ def test_a_pool_restart_and_a_hup_keep_its_grpc_port(grpc_host: tuple[Host, str]
     """Last of the module: kills tiny's pool master, then HUPs the host."""
     host, address = grpc_host
     client = grpcclient.InferenceServerClient(address)
-    before = _host_json(host)["tiny"]["grpc_address"]
+    before = host.host_json()["tiny"]["grpc_address"]
     master = host.masters()["tiny"]
     os.kill(master, signal.SIGKILL)
     unavailable_seen = False
@@ -161,9 +149,9 @@ def test_a_pool_restart_and_a_hup_keep_its_grpc_port(grpc_host: tuple[Host, str]
         time.sleep(0.2)
     else:
         raise AssertionError(f"tiny not back on gRPC after its pool's restart\n{host.log()[-3000:]}")
-    assert _host_json(host)["tiny"]["grpc_address"] == before
+    assert host.host_json()["tiny"]["grpc_address"] == before
     mark = len(host.log())
     host.server.signal(signal.SIGHUP)
     host.wait_for("the reload", lambda: "reload: applied" in host.log()[mark:])
-    assert _host_json(host)["tiny"]["grpc_address"] == before
+    assert host.host_json()["tiny"]["grpc_address"] == before
     assert _tiny(client).shape[0] == 1 and int(np.argmax(_iris(client))) == 0

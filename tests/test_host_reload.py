@@ -58,14 +58,6 @@ def hup(host: Host) -> int:
     return mark
 
 
-def run_folder(host: Host) -> Path:
-    """The host's run folder (the pools' sockets are in it)."""
-    for line in host.log().splitlines():
-        if "Listening at: unix:" in line and "/pools/" in line:
-            return Path(line.split("unix:", 1)[1].split("/pools/", 1)[0])
-    raise AssertionError("no pool socket in the log")
-
-
 def assert_nothing_lost(*loops: LoadStats) -> None:
     for stats in loops:
         assert stats.failures == [], stats.failures[:5]
@@ -78,7 +70,7 @@ def assert_nothing_lost(*loops: LoadStats) -> None:
 def test_a_hup_that_changes_graceful_timeout_keeps_every_program_running(tmp_path: Path) -> None:
     config = two_models(tmp_path, server="graceful_timeout = 6")
     with running_host(tmp_path, config) as host:
-        folder = run_folder(host)
+        folder = host.run_folder()
         programs = {name: host.program(name) for name in ("janitor", "nginx", "routes", "model-iris", "model-tiny")}
         loop = loop_on(host, "iris")
         try:
@@ -154,7 +146,7 @@ def kill_until_given_up(host: Host, model: str) -> int:
 
 def test_a_pool_that_gave_up_comes_back_by_hup_and_by_itself(tmp_path: Path) -> None:
     with running_host(tmp_path, two_models(tmp_path)) as host:
-        folder = run_folder(host)
+        folder = host.run_folder()
         loop = loop_on(host, "iris")
         try:
             kills = kill_until_given_up(host, "tiny")

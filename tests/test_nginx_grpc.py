@@ -23,7 +23,7 @@ from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.config.nginx import render_site
 from onnxpool.config.settings import NginxSettings, ServerSettings, Settings
 from onnxpool.measure.servers import wait_http_ok
-from tests.deploy_harness import nginx_binary
+from tests.deploy_harness import nginx_binary, stop_together
 from tests.harness import REPO, clean_env, free_port, spawn_logged
 
 IRIS = REPO / "models" / "iris"
@@ -107,14 +107,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         wait_http_ok(f"http://127.0.0.1:{front_port}/v2/health/ready", serve, folder / "serve.log")
         yield Front(f"127.0.0.1:{front_grpc}", serve, nginx, folder)
     finally:
-        for process in (nginx, serve):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in (nginx, serve):
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_together(nginx, serve)
 
 
 def _infer(client: grpcclient.InferenceServerClient, headers: dict[str, str] | None = None) -> grpcclient.InferResult:

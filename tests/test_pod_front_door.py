@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from onnxpool.host.state import pool_socket
 from tests.harness import clean_env, free_port
@@ -253,3 +255,51 @@ def test_sigterm_stops_every_container_cleanly(pod: Pod) -> None:
     codes = pod.stop()
     assert set(codes.values()) == {0}, (codes, pod.log())
     assert not any(group_alive(process.pid) for process in pod.containers.values())
+
+
+def test_the_pods_one_grpc_port_routes_each_call_to_its_models_container(tmp_path: Path) -> None:
+    """[server] grpc_bind in the zoo's file: the front door's process runs the host's gRPC router beside nginx
+    (started again if it dies), which sends each call to its model's container at its [models.<name>] grpc_bind."""
+    router = f"127.0.0.1:{free_port()}"
+    config = write_settings(
+        tmp_path / "zoo.toml",
+        iris_table("iris", one_worker(0.5) + f'grpc_bind = "127.0.0.1:{free_port()}"\n'),
+        image_table("tiny", build_tiny_model(tmp_path / "tiny.onnx", bias=0.0),
+                    one_worker(0.5) + f'grpc_bind = "127.0.0.1:{free_port()}"\n'),
+        server=f'grpc_bind = "{router}"\n',
+    )  # fmt: skip
+    pod = Pod(tmp_path, config, free_port())
+    for name in ("model-iris", "model-tiny", "routes", "nginx"):
+        pod.start(name)
+    try:
+        pod.wait("the pod ready through its front door", lambda: ready(pod))
+        client = grpcclient.InferenceServerClient(router)
+        pod.wait("the router answering", lambda: client.is_server_ready())
+        assert grpc_setosa(client) and client.is_model_ready("tiny")
+        with pytest.raises(InferenceServerException) as unknown:
+            client.get_model_metadata("nope")
+        assert unknown.value.message() == "unknown model 'nope'; this host serves: iris, tiny"
+        (router_pid,) = [int(pid) for pid in children(pod.containers["nginx"].pid) if b"grpc_router" in cmdline(pid)]
+        os.kill(router_pid, signal.SIGKILL)
+        pod.wait("the router started again", lambda: grpc_setosa(grpcclient.InferenceServerClient(router)))
+    finally:
+        codes = pod.stop()
+    assert set(codes.values()) == {0}, (codes, pod.log())
+
+
+def grpc_setosa(client: grpcclient.InferenceServerClient) -> bool:
+    tensor = grpcclient.InferInput("input", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([SETOSA], np.float32))
+    try:
+        probabilities = client.infer("iris", [tensor], client_timeout=5).as_numpy("probabilities")
+    except InferenceServerException:
+        return False
+    return probabilities is not None and int(np.argmax(probabilities)) == 0
+
+
+def children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+def cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
