@@ -279,7 +279,7 @@ def test_the_pods_one_grpc_port_routes_each_call_to_its_models_container(tmp_pat
         with pytest.raises(InferenceServerException) as unknown:
             client.get_model_metadata("nope")
         assert unknown.value.message() == "unknown model 'nope'; this host serves: iris, tiny"
-        (router_pid,) = [int(pid) for pid in children(pod.containers["nginx"].pid) if b"grpc_router" in cmdline(pid)]
+        (router_pid,) = [pid for pid in children(pod.containers["nginx"].pid) if b"grpc_router" in cmdline(pid)]
         os.kill(router_pid, signal.SIGKILL)
         pod.wait("the router started again", lambda: grpc_setosa(grpcclient.InferenceServerClient(router)))
     finally:
@@ -297,8 +297,8 @@ def grpc_setosa(client: grpcclient.InferenceServerClient) -> bool:
     return probabilities is not None and int(np.argmax(probabilities)) == 0
 
 
-def children(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def cmdline(pid: int) -> bytes:
