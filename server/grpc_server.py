@@ -13,15 +13,28 @@ new workers bind beside the old ones before those stop, so the port never closes
   own "larger than max" refusal without reading it whole.
 - Health: `grpc.health.v1.Health` says SERVING for the server (""), the service, and the model
   under its name and aliases; NOT_SERVING from the moment the worker starts to stop.
-- Stop: `stop` takes no new calls and returns an event set when the calls in flight are
-  answered (within `[server] graceful_timeout`); the worker's main loop keeps running their
-  inferences until then (workers/handoff.py).
+- Stop without losing a call. gRPC's own `server.stop` cancels every call that has reached the
+  server but not yet a handler thread, and a client sending on its connection at that moment
+  gets CANCELLED: a HUP under load lost about one call in two hand-overs that way. So a worker
+  leaves in three steps. (1) Its listening socket is closed (`_close_listeners`): the kernel
+  gives new connections to the other workers of the port, old and new generation alike. (2)
+  It keeps serving until every connection it holds has been told to go (GOAWAY) by gRPC's own
+  connection age, which is how a server moves clients on without failing a call: each client
+  opens a new connection (to another worker) for its next call, while its calls in flight
+  finish. Every connection is so aged all the time (`connection_age`: at most 5 s, a quarter of
+  `[server] graceful_timeout`), which also moves a client off a busy worker now and then. (3)
+  Then `server.stop`, with nothing left to cancel, within `[server] graceful_timeout`. The
+  worker's main loop keeps running handed-off calls until the last step is done
+  (workers/handoff.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +55,44 @@ CALL_THREADS = 64
 """Threads that hold calls while they wait for the worker (and answer metadata calls): a call
 holds one until its reply is written, so this bounds the calls one worker has in flight."""
 SLACK_BYTES = 16 * 1024 * 1024
+AGE_JITTER = 1.1
+"""gRPC spreads each connection's age by up to +10 %."""
+
+
+def connection_age(graceful_timeout: int) -> float:
+    """Seconds a connection is served before gRPC tells its client to reconnect (see the module doc)."""
+    return min(5.0, max(0.5, graceful_timeout / 4))
+
+
+def _listening_sockets(port: int) -> list[int]:
+    """This process's listening TCP sockets on `port` (gRPC's, just made: gRPC does not say which fd)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with probe:
+            try:
+                listening = probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                bound = probe.getsockname()
+            except OSError:
+                continue
+            if listening and probe.family in (socket.AF_INET, socket.AF_INET6) and bound[1] == port:
+                found.append(fd)
+    return found
+
+
+def _close_listeners(fds: list[int]) -> None:
+    """Close gRPC's listening sockets under it: an unbound socket takes each one's descriptor number
+    (dup2), so the listener leaves the port's SO_REUSEPORT group and gRPC's poller (which watched the
+    closed socket, not the number) never sees it again; gRPC's own close at the end closes the stand-in."""
+    for fd in fds:
+        with socket.socket() as stand_in:
+            os.dup2(stand_in.fileno(), fd)
 
 
 def message_limit(max_body_bytes: int) -> int:
@@ -52,14 +103,25 @@ def message_limit(max_body_bytes: int) -> int:
 class GrpcServer:
     """One worker's gRPC server (see the module doc)."""
 
-    def __init__(self, server: Any, health_servicer: Any, grace: float) -> None:
+    def __init__(self, server: Any, health_servicer: Any, grace: float, age: float, listeners: list[int]) -> None:
         self._server = server
         self._health = health_servicer
         self._grace = grace
+        self._age = age
+        self._listeners = listeners
 
     def stop(self) -> threading.Event:
+        """Leave in the three steps of the module doc; the event is set once the last is done."""
         self._health.enter_graceful_shutdown()
-        stopped: threading.Event = self._server.stop(self._grace)
+        _close_listeners(self._listeners)
+        stopped = threading.Event()
+
+        def leave() -> None:
+            time.sleep(min(self._age * AGE_JITTER + 0.2, self._grace))  # every connection told to go
+            self._server.stop(max(0.0, self._grace - self._age)).wait()
+            stopped.set()
+
+        threading.Thread(target=leave, name="grpc-stop", daemon=True).start()
         return stopped
 
 
@@ -67,12 +129,16 @@ def start(settings: Settings, app: WSGIApplication, run_in_worker: RunInWorker) 
     """Serve the Open Inference Protocol and grpc.health.v1 on `[server] grpc_bind`, in this worker."""
     server_settings, model = settings.server, settings.model
     limit = message_limit(server_settings.max_body_bytes)
+    grace = float(server_settings.graceful_timeout)
+    age = connection_age(server_settings.graceful_timeout)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="grpc-call"),
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),
+            ("grpc.max_connection_age_ms", int(age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(grace * 1000)),
         ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
@@ -82,7 +148,8 @@ def start(settings: Settings, app: WSGIApplication, run_in_worker: RunInWorker) 
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE, model.name, *model.aliases):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if server.add_insecure_port(server_settings.grpc_bind) == 0:
+    port = server.add_insecure_port(server_settings.grpc_bind)
+    if port == 0:
         raise OSError(f"gRPC could not listen on {server_settings.grpc_bind} ([server] grpc_bind)")
     server.start()
-    return GrpcServer(server, health_servicer, float(server_settings.graceful_timeout))
+    return GrpcServer(server, health_servicer, grace, age, _listening_sockets(port))
