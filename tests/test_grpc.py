@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -180,7 +179,7 @@ def test_grpc_health_for_the_server_and_the_model(image_server: tuple[Server, st
 
 
 def test_kserve_stubs(image_server: tuple[Server, str]) -> None:
-    server, address = image_server
+    _, address = image_server
     script = REPO / "tests" / "kserve_stub_client.py"
     done = subprocess.run([sys.executable, str(script), address, MODEL_NAME], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()
@@ -227,7 +226,9 @@ def test_hup_under_a_grpc_load_loses_nothing(image_server: tuple[Server, str]) -
     config.write_text("[server]\ngraceful_timeout = 11\n", encoding="utf-8")  # a changed setting: new workers
     server.signal(signal.SIGHUP)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (server.log().count("gRPC: worker pid=") < 4 or before & set(server.workers())):
+    while time.monotonic() < deadline and (
+        server.log().count("gRPC: worker pid=") < 4 or before & set(server.workers())
+    ):
         time.sleep(0.1)
     assert not before & set(server.workers()), "the old workers were not replaced"
     time.sleep(2.0)
