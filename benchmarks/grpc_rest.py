@@ -93,7 +93,7 @@ def _caller(transport: str, target: Target, seed: int, until: float) -> tuple[in
             client.infer(target.model, [tensor])
 
     else:
-        import tritonclient.http as client_module  # type: ignore[no-redef]
+        import tritonclient.http as client_module
 
         client = client_module.InferenceServerClient(target.rest.removeprefix("http://"))
 

@@ -64,7 +64,8 @@ _TRANSPORT_METADATA = ("content-type", "te", "grpc-", ":")
 # Reply headers that go back to the caller as trailing metadata.
 _REPLY_METADATA = (request_id.HEADER.lower(), "server-timing", "traceparent", "retry-after", "www-authenticate")
 
-RunInWorker = Callable[[Callable[[], Any]], Any]
+RunInWorker = Callable[[Callable[[], Any], "WSGIEnvironment"], Any]
+"""Runs a call's request (the environ is the call's: its caller's lane is read from it) in the worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +237,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), exc.message)
         path = _model_path(request.model_name, request.model_version, "/infer")
         environ = environ_for("POST", path, context, arrived, rest.body, rest.header_length)
-        reply: AppReply = self.run_in_worker(lambda: call_app(self.app, environ))
+        reply: AppReply = self.run_in_worker(lambda: call_app(self.app, environ), environ)
         self._answer(reply, context, (200,))
         length = reply.headers.get(BINARY_HEADER.lower())
         return infer_response(reply.body, int(length) if length is not None else None)

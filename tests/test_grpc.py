@@ -360,3 +360,49 @@ def test_shed_calls_and_a_call_in_flight_during_sigterm(tmp_path: Path) -> None:
         assert server.process.wait(30) == 0
         assert len(result) == 1 and isinstance(result[0], np.ndarray), result
         assert float(result[0][0]) == SLOW_ITERATIONS * 20
+
+
+def test_a_grpc_flood_cannot_starve_a_steady_grpc_caller(tmp_path: Path) -> None:
+    """Callers named by their keys: a flood of 8 calls in flight and a steady caller with one; the steady
+    caller's calls are chosen by fair share like its HTTP connections would be (workers/lanes.py)."""
+    model = build_slow_model(tmp_path / "slow.onnx")
+    keys = {name: f"sk-{name}-0123456789abcdef" for name in ("steady", "flood")}
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("".join(f"{name} {key}\n" for name, key in keys.items()), encoding="utf-8")
+    address, settings = grpc_settings(
+        server_settings(model)
+        | {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_AUTH__API_KEYS_FILE": str(keys_file),
+           "ONNXPOOL_CALLERS__LANES": "2"}
+    )  # fmt: skip
+    answers = {"steady": 0, "flood": 0}
+    failures: list[str] = []
+    stop = threading.Event()
+    counting = threading.Event()
+
+    def loop(name: str) -> None:
+        with tgrpc.InferenceServerClient(address) as client:
+            while not stop.is_set():
+                try:
+                    client.infer("slow", slow_request(20_000), headers={"authorization": f"Bearer {keys[name]}"})
+                except InferenceServerException as exc:
+                    failures.append(f"{name}: {exc.status()} {exc.message()}")
+                    continue
+                if counting.is_set():
+                    answers[name] += 1
+
+    with running_server(tmp_path, settings, workers=2, lanes=2) as server:
+        wait_for_grpc(server, address, 2)
+        threads = [threading.Thread(target=loop, args=("flood",)) for _ in range(8)]
+        threads.append(threading.Thread(target=loop, args=("steady",)))
+        for thread in threads:
+            thread.start()
+        time.sleep(1.0)
+        counting.set()
+        time.sleep(4.0)
+        counting.clear()
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not failures, failures[:3]
+    # In one queue the steady caller would have 1 of 9 calls' answers (~11 %); chosen by its share, ~45 %.
+    assert answers["steady"] >= 0.25 * (answers["steady"] + answers["flood"]), answers
