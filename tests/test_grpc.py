@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.harness import MODEL_NAME, REPO, Server, free_port, running_server
+from tests.otlp_receiver import otlp_receiver
 from tests.slow_model import build_slow_model, server_settings
 from tests.text_models import build_text_model_folder, text_settings_file
 
@@ -406,3 +408,28 @@ def test_a_grpc_flood_cannot_starve_a_steady_grpc_caller(tmp_path: Path) -> None
     assert not failures, failures[:3]
     # In one queue the steady caller would have 1 of 9 calls' answers (~11 %); chosen by its share, ~45 %.
     assert answers["steady"] >= 0.25 * (answers["steady"] + answers["flood"]), answers
+
+
+def test_a_callers_traceparent_carries_through_a_grpc_call(tmp_path: Path) -> None:
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    with otlp_receiver() as receiver:
+        address, settings = grpc_settings(
+            {"ONNXPOOL_SERVER__WORKERS": "1", "ONNXPOOL_TRACING__ENDPOINT": receiver.endpoint,
+             "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        )  # fmt: skip
+        with running_server(tmp_path, settings, workers=1) as server:
+            wait_for_grpc(server, address, 1)
+            request = service_pb2.ModelInferRequest(model_name=MODEL_NAME)
+            request.inputs.add(name="input", datatype="FP32", shape=IMAGE_SHAPE)
+            request.raw_input_contents.append(np.ones(IMAGE_SHAPE, np.float32).tobytes())
+            with grpc.insecure_channel(address) as channel:
+                _, call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(
+                    request, metadata=[("traceparent", f"00-{trace_id}-{parent_id}-01")]
+                )
+            receiver.wait_for(lambda spans: any(s.trace_id == trace_id and s.is_server for s in spans), what="span")
+    spans = receiver.trace(trace_id)
+    (span,) = [s for s in spans if s.is_server]
+    assert span.parent_id == parent_id and span.attributes["rpc.system"] == "grpc"
+    assert span.attributes["http.route"] == "/v2/models/<model>/infer"
+    assert {s.name for s in spans} >= {"decode", "infer", "encode"}
+    assert dict(call.trailing_metadata())["traceparent"] == f"00-{trace_id}-{span.span_id}-01"
