@@ -13,19 +13,23 @@ new workers bind beside the old ones before those stop, so the port never closes
   own "larger than max" refusal without reading it whole.
 - Health: `grpc.health.v1.Health` says SERVING for the server (""), the service, and the model
   under its name and aliases; NOT_SERVING from the moment the worker starts to stop.
-- Stop without losing a call. gRPC's own `server.stop` cancels every call that has reached the
-  server but not yet a handler thread, and a client sending on its connection at that moment
-  gets CANCELLED: a HUP under load lost about one call in two hand-overs that way. So a worker
-  leaves in three steps. (1) Its listening socket is closed (`_close_listeners`): the kernel
-  gives new connections to the other workers of the port, old and new generation alike. (2)
-  It keeps serving until every connection it holds has been told to go (GOAWAY) by gRPC's own
-  connection age, which is how a server moves clients on without failing a call: each client
-  opens a new connection (to another worker) for its next call, while its calls in flight
-  finish. Every connection is so aged all the time (`connection_age`: at most 5 s, a quarter of
-  `[server] graceful_timeout`), which also moves a client off a busy worker now and then. (3)
-  Then `server.stop`, with nothing left to cancel, within `[server] graceful_timeout`. The
-  worker's main loop keeps running handed-off calls until the last step is done
-  (workers/handoff.py).
+- Stop without losing a call. gRPC's `server.stop` sends each client a GOAWAY and cancels every
+  call that has reached the server but no handler thread yet; and a client that starts a call
+  while the GOAWAY is on its way loses it too (grpc's client fails such a call with a large
+  message, "Stream removed", instead of retrying it: a 600 KB call in about 1.5 % of GOAWAYs,
+  measured with plain grpcio). A HUP under load lost about one call in two hand-overs that way.
+  So a worker leaves in four steps (`GrpcServer.stop`). (1) Its listening socket is closed
+  (`_close_listeners`): the kernel gives new connections to the other workers on the port, a
+  HUP's new ones included. (2) Replies are held (`ReplyGate`) for `SETTLE_SECONDS`: each call a
+  client has sent reaches a handler thread meanwhile, and a client that waits for its replies
+  (a synchronous backend, one call in flight per caller) sends no new call. (3) `server.stop`:
+  the GOAWAY goes out while nobody is sending, and there is nothing unmatched to cancel. (4)
+  Replies flow again, behind the GOAWAY on the same connection, so each client's next call
+  goes to a new connection (another worker). The calls in flight finish within `[server]
+  graceful_timeout`; the worker's main loop keeps running handed-off calls until they have
+  (workers/handoff.py). A client that sends without waiting for replies (many async calls on
+  one channel) can still race the GOAWAY; behind onnxpool's nginx every call has a connection
+  of its own, and nothing can.
 """
 
 from __future__ import annotations
@@ -55,13 +59,9 @@ CALL_THREADS = 64
 """Threads that hold calls while they wait for the worker (and answer metadata calls): a call
 holds one until its reply is written, so this bounds the calls one worker has in flight."""
 SLACK_BYTES = 16 * 1024 * 1024
-AGE_JITTER = 1.1
-"""gRPC spreads each connection's age by up to +10 %."""
-
-
-def connection_age(graceful_timeout: int) -> float:
-    """Seconds a connection is served before gRPC tells its client to reconnect (see the module doc)."""
-    return min(5.0, max(0.5, graceful_timeout / 4))
+SETTLE_SECONDS = 0.1
+"""Step (2) of a stop: long enough for calls already sent to reach a handler thread (a loopback call
+of 20 MB is received in ~10 ms; a call is matched as its headers arrive)."""
 
 
 def _listening_sockets(port: int) -> list[int]:
@@ -100,28 +100,42 @@ def message_limit(max_body_bytes: int) -> int:
     return min(max(2 * max_body_bytes, max_body_bytes + SLACK_BYTES), 2**31 - 1)
 
 
+class ReplyGate:
+    """Holds every call's reply while a worker's gRPC server stops (step 2 of the module doc)."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def wait(self) -> None:
+        """A call's handler, before its reply: wait while replies are held."""
+        self._open.wait()
+
+
 class GrpcServer:
     """One worker's gRPC server (see the module doc)."""
 
-    def __init__(self, server: Any, health_servicer: Any, grace: float, age: float, listeners: list[int]) -> None:
+    def __init__(self, server: Any, health_servicer: Any, gate: ReplyGate, grace: float, listeners: list[int]) -> None:
         self._server = server
         self._health = health_servicer
+        self._gate = gate
         self._grace = grace
-        self._age = age
         self._listeners = listeners
 
     def stop(self) -> threading.Event:
-        """Leave in the three steps of the module doc; the event is set once the last is done."""
+        """Leave in the four steps of the module doc; the event is set once the calls in flight are answered."""
         self._health.enter_graceful_shutdown()
         _close_listeners(self._listeners)
-        stopped = threading.Event()
-
-        def leave() -> None:
-            time.sleep(min(self._age * AGE_JITTER + 0.2, self._grace))  # every connection told to go
-            self._server.stop(max(0.0, self._grace - self._age)).wait()
-            stopped.set()
-
-        threading.Thread(target=leave, name="grpc-stop", daemon=True).start()
+        self._gate.hold()
+        time.sleep(SETTLE_SECONDS)
+        stopped: threading.Event = self._server.stop(self._grace)
+        self._gate.release()
         return stopped
 
 
@@ -130,19 +144,17 @@ def start(settings: Settings, app: WSGIApplication, run_in_worker: RunInWorker) 
     server_settings, model = settings.server, settings.model
     limit = message_limit(server_settings.max_body_bytes)
     grace = float(server_settings.graceful_timeout)
-    age = connection_age(server_settings.graceful_timeout)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="grpc-call"),
         options=[
             ("grpc.so_reuseport", 1),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", -1),
-            ("grpc.max_connection_age_ms", int(age * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(grace * 1000)),
         ],
     )
+    gate = ReplyGate()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceService(app, run_in_worker, model.name, model.version), server
+        InferenceService(app, run_in_worker, model.name, model.version, gate.wait), server
     )
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -152,4 +164,4 @@ def start(settings: Settings, app: WSGIApplication, run_in_worker: RunInWorker) 
     if port == 0:
         raise OSError(f"gRPC could not listen on {server_settings.grpc_bind} ([server] grpc_bind)")
     server.start()
-    return GrpcServer(server, health_servicer, grace, age, _listening_sockets(port))
+    return GrpcServer(server, health_servicer, gate, grace, _listening_sockets(port))
