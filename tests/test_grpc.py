@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.harness import MODEL_NAME, REPO, Server, free_port, running_server
+from tests.harness import MODEL_NAME, REPO, Server, free_port, proc_status, running_server
 from tests.otlp_receiver import otlp_receiver
 from tests.slow_model import build_slow_model, server_settings
 from tests.text_models import build_text_model_folder, text_settings_file
@@ -433,3 +433,12 @@ def test_a_callers_traceparent_carries_through_a_grpc_call(tmp_path: Path) -> No
     assert span.attributes["http.route"] == "/v2/models/<model>/infer"
     assert {s.name for s in spans} >= {"decode", "infer", "encode"}
     assert dict(call.trailing_metadata())["traceparent"] == f"00-{trace_id}-{span.span_id}-01"
+
+
+def test_grpc_lives_only_in_the_workers(image_server: tuple[Server, str]) -> None:
+    """The master forks the workers: gRPC's core (threads, pollers) must never be loaded there."""
+    server, _ = image_server
+    master = Path(f"/proc/{server.pid}/maps").read_text()
+    assert "cygrpc" not in master and int(proc_status(server.pid)["Threads"]) == 1
+    for pid in server.workers():
+        assert "cygrpc" in Path(f"/proc/{pid}/maps").read_text()
