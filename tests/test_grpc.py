@@ -111,6 +111,15 @@ def test_tritonclient_grpc_unchanged(image_server: tuple[Server, str]) -> None:
             MODEL_NAME, [tensor], outputs=[tgrpc.InferRequestedOutput("logits")], parameters={"timeout": 10_000_000}
         )
         assert result.as_numpy("logits").shape == (1, 1000)
+        # The classification extension, as REST answers it: the top classes with their labels.
+        top = client.infer(MODEL_NAME, [tensor], outputs=[tgrpc.InferRequestedOutput("logits", class_count=3)])
+        with thttp.InferenceServerClient(server.url.removeprefix("http://")) as rest:
+            rest_tensor = thttp.InferInput("input", list(image.shape), "FP32")
+            rest_tensor.set_data_from_numpy(image, binary_data=True)
+            classes = thttp.InferRequestedOutput("logits", class_count=3)
+            rest_top = rest.infer(MODEL_NAME, [rest_tensor], outputs=[classes])
+        assert top.as_numpy("logits").tolist() == rest_top.as_numpy("logits").tolist()
+        assert top.as_numpy("logits").shape == (1, 3) and top.as_numpy("logits")[0, 0].count(b":") == 2
 
 
 def test_async_client(image_server: tuple[Server, str]) -> None:
