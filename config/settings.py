@@ -55,13 +55,6 @@ class ServerSettings(Section):
     bind: str = "127.0.0.1:8000"
     """Address to listen on: `HOST:PORT` or `unix:/path/to.sock`."""
 
-    grpc_bind: str = ""
-    """Also serve the Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, what
-    tritonclient.grpc and KServe's stubs call, and `grpc.health.v1`) on this `HOST:PORT`, e.g.
-    "127.0.0.1:8001"; "" = off. Every worker listens on it (SO_REUSEPORT: the kernel spreads new
-    connections over them); a call runs through the same data plane as a REST request. A HUP's
-    new workers listen on the address it reads."""
-
     workers: int | Auto = "auto"
     """Worker processes; "auto" = usable cores / threads_per_worker."""
 
@@ -120,6 +113,13 @@ class ServerSettings(Section):
     $TMPDIR if set, else $XDG_RUNTIME_DIR or /dev/shm when it is a tmpfs with 1 GiB free, else
     the system temp dir. One writable folder (a tmpfs) is all a read-only root filesystem
     needs. Read at start, not on HUP."""
+
+    grpc_bind: str = ""
+    """Also serve the Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, what
+    tritonclient.grpc and KServe's stubs call, and `grpc.health.v1`) on this `HOST:PORT`, e.g.
+    "127.0.0.1:8001"; "" = off. Every worker listens on it (SO_REUSEPORT: the kernel spreads new
+    connections over them); a call runs through the same data plane as a REST request. A HUP's
+    new workers listen on the address it reads."""
 
     _counts = field_validator("workers", "threads_per_worker")(_positive_or_auto)
     _bind = field_validator("bind")(_check_bind)

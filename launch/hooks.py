@@ -58,6 +58,7 @@ from onnxpool.config.loader import ENV_HOST_DIR, ENV_POOL, ConfigError, load_set
 from onnxpool.config.settings import Settings
 from onnxpool.host.priority import apply_nice
 from onnxpool.host.state import pool_error_file, read_host, write_pool_description
+from onnxpool.server.callers import lane_of
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
@@ -529,10 +530,16 @@ def _serve_grpc(s: Serving, worker: Any) -> None:
     if isinstance(worker, LaneWorker):  # sync: the calls run in the worker's main thread, in turn with HTTP
         handoff = Handoff(worker.PIPE[1])
         setattr(worker, HANDOFF_ATTRIBUTE, handoff)
-        server = grpc_server.start(s.settings, app, lambda call: handoff.submit(lambda: answered(call)))
+        bound = s.pool.lanes_bound(s.callers) if s.lane_plan() is not None else 0
+
+        def in_main_thread(call: Callable[[], Any], environ: WSGIEnvironment) -> Any:
+            lane = lane_of(s.callers, bound, environ) if bound else 0  # the fair choice's, as for a connection
+            return handoff.submit(lambda: answered(call), lane)
+
+        server = grpc_server.start(s.settings, app, in_main_thread)
         handoff.transports.append(server)
     else:  # gthread: request threads already take turns on the session's lock; so do gRPC's
-        _grpc = server = grpc_server.start(s.settings, app, answered)
+        _grpc = grpc_server.start(s.settings, app, lambda call, _environ: answered(call))
     log.info("gRPC: worker pid=%d listening on %s", os.getpid(), s.settings.server.grpc_bind)
 
 

@@ -32,7 +32,7 @@ def mask_key(key: str) -> str:
     return f"<{len(key)}-char key>"
 
 
-def _bearer_token(header: str | None) -> str | None:
+def bearer_token(header: str | None) -> str | None:
     if header is None:
         return None
     scheme, _, token = header.strip().partition(" ")
@@ -49,7 +49,7 @@ def gate(book: CallerBook, protect_metrics: bool) -> Gate:
         path = req.path
         if path.startswith(OPEN_PREFIXES) or (path == METRICS_PATH and not protect_metrics):
             return
-        token = _bearer_token(req.headers.get("Authorization"))
+        token = bearer_token(req.headers.get("Authorization"))
         if token is None:
             raise Unauthorized(
                 "missing API key: send 'Authorization: Bearer <key>'", headers={"WWW-Authenticate": CHALLENGE}

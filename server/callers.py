@@ -9,15 +9,20 @@ labels stay bounded. Nothing here when callers are not told apart: behaviour is 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flask import Flask
 from werkzeug.wrappers import Request
 
 from onnxpool.config.callers import ANONYMOUS, CALLER_HEADER, CallerBook
 from onnxpool.server import gates
-from onnxpool.server.auth import METRICS_PATH, OPEN_PREFIXES
+from onnxpool.server.auth import METRICS_PATH, OPEN_PREFIXES, bearer_token
 from onnxpool.server.gates import Gate
 from onnxpool.server.request_state import RequestState
 from onnxpool.tasks.errors import Forbidden
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
 
 
 def gate(book: CallerBook, model: str, aliases: tuple[str, ...]) -> Gate:
@@ -39,6 +44,22 @@ def gate(book: CallerBook, model: str, aliases: tuple[str, ...]) -> Gate:
             )
 
     return check_caller
+
+
+def lane_of(book: CallerBook, bound: int, environ: WSGIEnvironment) -> int:
+    """The lane of a request that came by no lane socket (a gRPC call): its caller's, named as the gates
+    name it (its key, or the caller header: onnxpool's nginx sets it); 0 for no known caller, or a lane
+    past the `bound` ones (workers/lanes.py, where a worker chooses between lanes)."""
+    if not book.enabled:
+        return 0
+    if book.settings.identify == "key":
+        token = bearer_token(environ.get("HTTP_AUTHORIZATION"))
+        name = book.caller_of_key(token) if token is not None else None
+    else:
+        header = CALLER_HEADER if book.settings.identify == "address" else book.settings.header
+        name = environ.get("HTTP_" + header.upper().replace("-", "_"))
+    caller = book.get(name) if name else None
+    return caller.lane if caller is not None and caller.lane <= bound else 0
 
 
 def install(app: Flask, book: CallerBook, model: str, aliases: tuple[str, ...]) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from onnxpool.server.datatypes import V2_TO_NUMPY
 from onnxpool.server.grpc_proto import grpc_service_pb2 as pb
-from onnxpool.server.v2codec import BYTES, cast_checked
+from onnxpool.server.v2codec import BYTES, cast_checked, length_prefixed
 from onnxpool.tasks import jsonfast
 from onnxpool.tasks.errors import BadRequest
 
@@ -41,7 +41,6 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     BYTES: "bytes_contents",
 }
-_LENGTH = np.dtype("<u4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +83,7 @@ def _typed_bytes(tensor: Any, position: int) -> bytes:
         raise BadRequest(f"{where}: datatype {tensor.datatype} has no typed contents; send it in raw_input_contents")
     values = getattr(tensor.contents, field)
     if tensor.datatype == BYTES:
-        return b"".join(np.array([len(item)], _LENGTH).tobytes() + item for item in values)
+        return length_prefixed(values)
     dtype = V2_TO_NUMPY[tensor.datatype]
     read = np.array(values, dtype=np.float64 if dtype.kind == "f" else dtype if dtype.kind == "b" else np.int64)
     if dtype == np.uint64 and field == "uint64_contents":
@@ -137,8 +136,7 @@ def _json_output_bytes(output: Mapping[str, Any]) -> bytes:
     datatype = output.get("datatype", "")
     data = output.get("data", [])
     if datatype == BYTES:
-        items = [str(item).encode() for item in np.array(data, dtype=object).reshape(-1)]
-        return b"".join(np.array([len(item)], _LENGTH).tobytes() + item for item in items)
+        return length_prefixed(str(item).encode() for item in np.array(data, dtype=object).reshape(-1))
     return np.array(data, dtype=V2_TO_NUMPY[datatype]).reshape(-1).tobytes()
 
 

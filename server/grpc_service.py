@@ -64,7 +64,8 @@ _TRANSPORT_METADATA = ("content-type", "te", "grpc-", ":")
 # Reply headers that go back to the caller as trailing metadata.
 _REPLY_METADATA = (request_id.HEADER.lower(), "server-timing", "traceparent", "retry-after", "www-authenticate")
 
-RunInWorker = Callable[[Callable[[], Any]], Any]
+RunInWorker = Callable[[Callable[[], Any], "WSGIEnvironment"], Any]
+"""Runs a call's request (the environ is the call's: its caller's lane is read from it) in the worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +159,20 @@ def environ_for(
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped
     """The Open Inference Protocol's gRPC service, answered by the worker's app (see the module doc)."""
 
-    def __init__(self, app: WSGIApplication, run_in_worker: RunInWorker, model: str, version: str) -> None:
+    def __init__(
+        self,
+        app: WSGIApplication,
+        run_in_worker: RunInWorker,
+        model: str,
+        version: str,
+        before_reply: Callable[[], None] = lambda: None,
+    ) -> None:
         self.app = app
         self.run_in_worker = run_in_worker
         self.model = model
         self.version = version
+        self.before_reply = before_reply
+        """Waits while the worker's gRPC server stops (server.grpc_server.ReplyGate)."""
 
     # -- calls that read -------------------------------------------------------------------------
 
@@ -236,13 +246,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
             context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), exc.message)
         path = _model_path(request.model_name, request.model_version, "/infer")
         environ = environ_for("POST", path, context, arrived, rest.body, rest.header_length)
-        reply: AppReply = self.run_in_worker(lambda: call_app(self.app, environ))
+        reply: AppReply = self.run_in_worker(lambda: call_app(self.app, environ), environ)
         self._answer(reply, context, (200,))
         length = reply.headers.get(BINARY_HEADER.lower())
         return infer_response(reply.body, int(length) if length is not None else None)
 
     def _answer(self, reply: AppReply, context: Any, ok: Iterable[int]) -> None:
-        """The reply's metadata to the caller; a status not in `ok` ends the call with its code and message."""
+        """The reply's metadata to the caller; a status not in `ok` ends the call with its code and message.
+        Every call's reply passes here, so here it waits while the server stops (`before_reply`)."""
+        self.before_reply()
         trailing = tuple((name, reply.headers[name]) for name in _REPLY_METADATA if name in reply.headers)
         if trailing:
             context.set_trailing_metadata(trailing)

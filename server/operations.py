@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from onnxpool.cache.key import BytesLike, v2_request_payload
-from onnxpool.server import admission
+from onnxpool.server import admission, classification
 from onnxpool.server.reply import Reply
 from onnxpool.server.reply_cache import Payload
 from onnxpool.server.request_parts import HttpRequestParts
@@ -168,6 +168,9 @@ class V2Infer:
                 tensors = task.to_tensors(inputs, result)
                 wanted = decoded.output_names
                 outputs = {name: tensors[name] for name in wanted} if wanted is not None else tensors
+        if decoded.classification:
+            with runner.phase("encode"):
+                outputs = classification.apply(outputs, decoded.classification, task.class_names())
         with runner.phase("encode"):
             encoded = encode_infer_response(
                 self.name, self.version, None if read.keyed else decoded.id, outputs, decoded.binary_outputs

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind, StatusCode, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from onnxpool.server import request_id
-from onnxpool.server.request_state import RequestState
+from onnxpool.server.request_state import GRPC, RequestState
 from onnxpool.server.timing import Attributes, RequestTimer
 from onnxpool.server.tracing_plan import TracingPlan
 
@@ -89,6 +89,9 @@ class RequestTracer:
         protocol = str(environ.get("SERVER_PROTOCOL", ""))
         if protocol.startswith("HTTP/"):
             attributes["network.protocol.version"] = protocol[5:]
+        if state.protocol == GRPC:  # a gRPC call, as the v2 REST request it means (server.grpc_service)
+            attributes["rpc.system"] = "grpc"
+            attributes["rpc.service"] = "inference.GRPCInferenceService"
         span = self.tracer.start_span(
             method,
             context=parent,

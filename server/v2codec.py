@@ -25,7 +25,7 @@ reader with the requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,8 @@ class InferRequest:
     output_names: list[str] | None
     binary_outputs: set[str] = field(default_factory=set)
     parameters: dict[str, Any] = field(default_factory=dict)
+    classification: dict[str, int] = field(default_factory=dict)
+    """Outputs asked for as their top k classes (`parameters.classification`: server.classification)."""
 
 
 def _expect(condition: bool, message: str) -> None:
@@ -169,6 +171,11 @@ def _from_json_data(data: Any, dtype: np.dtype, dims: tuple[int, ...], where: st
 BYTES = "BYTES"
 """Strings (or raw bytes): served where a task's tensor signature has them (`Task.tensor_signature`)."""
 _LENGTH = np.dtype("<u4")
+
+
+def length_prefixed(items: Iterable[bytes]) -> bytes:
+    """BYTES elements as binary tensor data: each a 4-byte little-endian length, then its bytes."""
+    return b"".join(np.array([len(item)], _LENGTH).tobytes() + item for item in items)
 
 
 def _bytes_from_json(data: Any, dims: tuple[int, ...], where: str) -> np.ndarray:
@@ -329,7 +336,7 @@ def _with_outputs(
         binary = {o.name for o in model.outputs} if binary_default else set()
         return InferRequest(request_id, inputs, names, binary, params)
     _expect(isinstance(raw_outputs, list), "'outputs' must be a list")
-    names, binary = [], set()
+    names, binary, classification = [], set(), {}
     for position, raw in enumerate(raw_outputs):
         _expect(isinstance(raw, dict) and isinstance(raw.get("name"), str), f"outputs[{position}] needs a 'name'")
         name = raw["name"]
@@ -337,12 +344,20 @@ def _with_outputs(
             known = ", ".join(t.name for t in model.outputs)
             raise BadRequest(f"unknown output '{name}'; the model's outputs are: {known}")
         _expect(name not in names, f"output '{name}' is requested twice")
-        wants_binary = _parameters(raw, f"outputs[{position}]").get("binary_data", binary_default)
+        output_params = _parameters(raw, f"outputs[{position}]")
+        wants_binary = output_params.get("binary_data", binary_default)
         _expect(isinstance(wants_binary, bool), f"outputs[{position}].parameters.binary_data must be true or false")
+        top = output_params.get("classification")
+        if top is not None:
+            _expect(
+                type(top) is int and top >= 1,
+                f"outputs[{position}].parameters.classification must be a positive integer (the classes wanted)",
+            )
+            classification[name] = top
         names.append(name)
         if wants_binary:
             binary.add(name)
-    return InferRequest(request_id, inputs, names or None, binary, params)
+    return InferRequest(request_id, inputs, names or None, binary, params, classification)
 
 
 @dataclass(frozen=True)
@@ -377,6 +392,16 @@ def _encode_tensors(
     for name, array in arrays.items():
         array = np.array(array, copy=None, order="C")  # not ascontiguousarray: it turns 0-d into shape [1]
         entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
+        if array.dtype == object:  # BYTES (e.g. a classification): length-prefixed, or strings in JSON
+            items = [item if isinstance(item, bytes) else str(item).encode() for item in array.reshape(-1)]
+            if name in binary:
+                blob = length_prefixed(items)
+                entry["parameters"] = {"binary_data_size": len(blob)}
+                blobs.append(blob)
+            else:
+                entry["data"] = [item.decode("utf-8", "replace") for item in items]
+            described.append(entry)
+            continue
         if name in binary:
             blob = array.tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}

@@ -260,6 +260,12 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
     def reply(self, inputs: InputsT, result: ResultT) -> JsonDocument:
         """The reply document (sent as JSON, status 200)."""
 
+    def class_names(self) -> Sequence[str] | None:
+        """Names of a classifier's classes in output-index order, or None. The v2 `classification`
+        output parameter (Open Inference Protocol's classification extension) labels its top classes
+        with them."""
+        return None
+
     def tensor_signature(self) -> ModelInfo | None:
         """The tensors v2 clients see (`/v2/models/<m>` metadata and infer); None: the model's own.
 

@@ -12,7 +12,9 @@ worker, as for any busy one.
 
 The main loop is gunicorn's own select() on its listeners and its wake-up pipe
 (`workers/lane_worker.py`); `submit` writes a byte to that pipe, so a waiting worker wakes
-at once. On the way out (SIGTERM, a HUP's replacement) the loop stops taking HTTP, and
+at once. A call carries its caller's lane (workers/lanes.py): where callers are told apart, the
+worker chooses between its lanes' waiting HTTP connections and its waiting calls by the same fair
+share (`lanes_waiting`, `run_one(lane)`). On the way out (SIGTERM, a HUP's replacement) the loop stops taking HTTP, and
 `drain` keeps running handed-off calls until the transport says its calls in flight are done:
 a gRPC call already received finishes, as a REST request in progress does.
 """
@@ -42,28 +44,37 @@ class Handoff:
 
     def __init__(self, wake_fd: int) -> None:
         self._wake_fd = wake_fd
-        self._calls: collections.deque[tuple[Call, Future[Any]]] = collections.deque()
+        self._calls: collections.deque[tuple[int, Call, Future[Any]]] = collections.deque()
         self.transports: list[Transport] = []
 
     @property
     def pending(self) -> bool:
         return bool(self._calls)
 
-    def submit(self, call: Call) -> Any:
+    def lanes_waiting(self) -> set[int]:
+        """The lanes of the calls waiting (a snapshot: producers only ever add)."""
+        return {lane for lane, _, _ in tuple(self._calls)}
+
+    def submit(self, call: Call, lane: int = 0) -> Any:
         """From another thread: run `call` in the main thread, wait, and return what it returned (or raise)."""
         future: Future[Any] = Future()
-        self._calls.append((call, future))  # deque.append is atomic: no lock between producers
+        self._calls.append((lane, call, future))  # deque.append is atomic: no lock between producers
         try:
             os.write(self._wake_fd, b".")
         except BlockingIOError:  # the pipe is full of wake-ups already: the loop is awake
             pass
         return future.result()
 
-    def run_one(self) -> bool:
-        """In the main thread: run the oldest waiting call; False when there was none."""
+    def run_one(self, lane: int | None = None) -> bool:
+        """In the main thread: run the oldest waiting call (of `lane`, if given); False when there was none."""
         try:
-            call, future = self._calls.popleft()
-        except IndexError:
+            if lane is None:
+                _, call, future = self._calls.popleft()
+            else:  # only the main thread removes calls, so the one found is still there
+                found = next(item for item in tuple(self._calls) if item[0] == lane)
+                self._calls.remove(found)
+                _, call, future = found
+        except (IndexError, StopIteration):
             return False
         if future.set_running_or_notify_cancel():
             try:

@@ -9,16 +9,20 @@ The master sets `LANES_ATTRIBUTE` on the worker before it forks (launch/hooks.py
 (callers not told apart) and without a handoff (no gRPC) this is gunicorn's sync worker, unchanged.
 
 With a handoff (`HANDOFF_ATTRIBUTE`, set in the worker by post_worker_init once its wake-up pipe
-exists) the loop takes turns: one handed-off call, then one HTTP connection if one is waiting,
-so neither transport starves the other; on the way out it drains the handoff (its calls in flight
-finish, as the HTTP request in progress did).
+exists) the handed-off calls are served by the same loop: with lanes, a call counts as waiting on
+its caller's lane and the fair choice takes it like a connection; without, the loop takes turns
+(one handed-off call, then one HTTP connection if one is waiting), so neither transport starves
+the other. On the way out it drains the handoff (its calls in flight finish, as the HTTP request
+in progress did).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
+from collections.abc import Iterator
 from typing import Any
 
 from gunicorn import util
@@ -32,6 +36,18 @@ LANES_ATTRIBUTE = "onnxpool_lanes"
 HANDOFF_ATTRIBUTE = "onnxpool_handoff"
 """The worker's `Handoff`, set in the worker by post_worker_init (gRPC on)."""
 _RETRY = (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK)
+
+
+@contextlib.contextmanager
+def _on_board(board: Board, seat: int, lane: int) -> Iterator[None]:
+    """This worker serves `lane` meanwhile (the other workers' fair choice reads it)."""
+    board.serving[seat] = lane
+    board.taken[lane] = clock()
+    try:
+        yield
+    finally:
+        board.serving[seat] = IDLE
+        board.answered[lane] = clock()
 
 
 class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
@@ -52,15 +68,17 @@ class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
         try:
             while self.alive:
                 self.notify()
-                # A handed-off call first, then one look at the listeners without waiting: the two
-                # transports take turns. Only with nothing handed off does the worker sleep in select().
-                ran = handoff is not None and handoff.run_one()
-                ready = self._ready(0.0 if ran else timeout)
-                if ready:
-                    if lanes is not None:
-                        waiting = {lane_of[listener] for listener in ready if listener in lane_of}
-                        self._serve_one(*lanes, waiting)
-                    else:
+                if lanes is not None:  # connections and handed-off calls alike, by fair share
+                    ready = self._ready(0.0 if handoff is not None and handoff.pending else timeout)
+                    waiting = {lane_of[listener] for listener in ready if listener in lane_of}
+                    if handoff is not None:
+                        waiting |= handoff.lanes_waiting()
+                    if waiting:
+                        self._serve_one(*lanes, waiting, handoff)
+                else:  # a handed-off call, then one look at the listeners without waiting: in turn
+                    ran = handoff is not None and handoff.run_one()
+                    ready = self._ready(0.0 if ran else timeout)
+                    if ready:
                         self._accept_one(ready)
                 if not self.is_parent_alive():
                     return
@@ -93,15 +111,24 @@ class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
                 continue  # another worker took it
             return
 
-    def _serve_one(self, board: Board, seat: int, plan: LanePlan, waiting: set[int]) -> None:
-        """Accept and serve one connection from the fairest of the `waiting` lanes (or none, if they emptied)."""
+    def _serve_one(
+        self, board: Board, seat: int, plan: LanePlan, waiting: set[int], handoff: Handoff | None = None
+    ) -> None:
+        """Serve one connection or handed-off call from the fairest of the `waiting` lanes (or none, if they
+        emptied)."""
         lanes = len(self.sockets)
         while waiting and self.alive:
             now = clock()
             choice = choose(plan, waiting, board.busy(lanes, seat), board.answered, board.taken, now)
             if choice.lane is None:
                 waiting |= self._wait_for_owed(choice, now)
+                if handoff is not None:  # a call handed off meanwhile woke the wait
+                    waiting |= handoff.lanes_waiting()
                 continue
+            if handoff is not None and choice.lane in handoff.lanes_waiting():
+                with _on_board(board, seat, choice.lane):
+                    handoff.run_one(choice.lane)
+                return
             try:
                 client, address = self.sockets[choice.lane].accept()
             except OSError as exc:
@@ -109,15 +136,10 @@ class LaneWorker(SyncWorker):  # type: ignore[misc]  # gunicorn has no types
                     raise
                 waiting.discard(choice.lane)  # another worker took it
                 continue
-            board.serving[seat] = choice.lane
-            board.taken[choice.lane] = clock()
-            try:
+            with _on_board(board, seat, choice.lane):
                 client.setblocking(1)
                 util.close_on_exec(client)
                 self.handle(self.sockets[choice.lane], client, address)
-            finally:
-                board.serving[seat] = IDLE
-                board.answered[choice.lane] = clock()
             return
 
     def _wait_for_owed(self, choice: Choice, now: float) -> set[int]:

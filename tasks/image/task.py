@@ -145,6 +145,9 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
     def output_names(self) -> Sequence[str]:
         return [self.output_name]
 
+    def class_names(self) -> Sequence[str] | None:
+        return self.labels
+
     def reply(self, inputs: ImageRequest, result: Outputs) -> dict[str, Any]:
         output = np.asarray(result[self.output_name])
         k = min(inputs.top_k, int(output.shape[-1]) if output.ndim else 1)

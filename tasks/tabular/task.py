@@ -293,6 +293,9 @@ class Tabular(Task[Instances, Outputs, TabularSettings]):
     def output_names(self) -> Sequence[str]:
         return [name for name in self.layout.outputs if name]
 
+    def class_names(self) -> Sequence[str] | None:
+        return self.classes
+
     def reply(self, inputs: Instances, result: Outputs) -> dict[str, Any]:
         layout = self.layout
         outputs = result

@@ -141,6 +141,9 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
             span["onnxpool.inputs"], span["onnxpool.tokens"] = len(encoded), int(encoded.token_count)
         return self.run_sub_batches(encoded, runner, self.settings.output, lambda out, _: out.astype(np.float32))
 
+    def class_names(self) -> Sequence[str] | None:
+        return self.labels
+
     def reply(self, inputs: Classify, result: np.ndarray) -> Any:
         logits = np.asarray(result, dtype=np.float64)
         if inputs.raw_scores:
