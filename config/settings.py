@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 Auto = Literal["auto"]
 
@@ -416,20 +416,13 @@ class NginxSettings(Section):
             raise ValueError('must be an absolute path, or "" (not used)')
         return value and _check_nginx_token(value, "pidfile")
 
-    @field_validator("upstreams")
+    @field_validator("upstreams", "grpc_upstreams")
     @classmethod
-    def _upstream_shapes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _upstream_shapes(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        check = _check_tcp if info.field_name == "grpc_upstreams" else _check_bind  # gRPC: TCP only
         for item in value:
             _check_nginx_token(item, f"upstream {item!r}")
-            _check_bind(item)
-        return value
-
-    @field_validator("grpc_upstreams")
-    @classmethod
-    def _grpc_upstream_shapes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for item in value:
-            _check_nginx_token(item, f"upstream {item!r}")
-            _check_tcp(item)
+            check(item)
         return value
 
 
