@@ -28,6 +28,7 @@ from tests.harness import REPO, clean_env, free_port, spawn_logged
 
 IRIS = REPO / "models" / "iris"
 ROW = np.array([[5.1, 3.5, 1.4, 0.2]], dtype=np.float32)
+MAX_BODY = 1_000_000
 
 
 def test_no_grpc_server_unless_grpc_listen_is_set() -> None:
@@ -91,7 +92,8 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     port, grpc_port, front_port, front_grpc = (free_port() for _ in range(4))
     config = folder / "iris.toml"
     config.write_text(
-        f'[server]\nbind = "127.0.0.1:{port}"\ngrpc_bind = "127.0.0.1:{grpc_port}"\nworkers = 1\n\n'
+        f'[server]\nbind = "127.0.0.1:{port}"\ngrpc_bind = "127.0.0.1:{grpc_port}"\nworkers = 1\n'
+        f"max_body_bytes = {MAX_BODY}\n\n"
         f'[model]\nname = "iris"\npath = "{IRIS / "model.onnx"}"\ntask = "tabular"\nwarmup_runs = 1\n\n'
         f'[task]\nlabels = "{IRIS / "labels.txt"}"\n'
         'features = ["sepal_length", "sepal_width", "petal_length", "petal_width"]\n\n'
@@ -153,6 +155,19 @@ def test_a_callers_quota_is_resource_exhausted_naming_the_caller_and_the_wait(fr
     assert codes[0] == "OK" and "StatusCode.RESOURCE_EXHAUSTED" in codes[1:], codes
     assert "caller limited is over its quota" in refused.message() and "retry after 1 s" in refused.message()
     _infer(client, {"x-team": "someone-else"})  # others are not limited
+
+
+@pytest.mark.slow
+@pytest.mark.nginx
+def test_a_message_over_the_limit_is_refused_by_nginx_as_resource_exhausted(front: Front) -> None:
+    client = grpcclient.InferenceServerClient(front.grpc)
+    rows = np.zeros((MAX_BODY // 16 + 1000, 4), np.float32)  # ~16 bytes a row: past max_body_bytes
+    tensor = grpcclient.InferInput("input", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("iris", [tensor])
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED", refused.value
+    assert f"larger than {MAX_BODY} bytes ([server] max_body_bytes)" in refused.value.message()
 
 
 @pytest.mark.slow
