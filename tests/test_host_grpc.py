@@ -46,6 +46,8 @@ def grpc_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, 
         folder / "host.toml",
         iris_table("iris", one_worker(0.5) + 'aliases = ["flowers"]\n'),
         image_table("tiny", build_tiny_model(folder / "tiny.onnx", bias=0.0), one_worker(0.5)),
+        # Listed, never served: its file is missing (optional, so the others serve and the host is ready).
+        f'[models.gone]\npath = "{folder / "missing.onnx"}"\ntask = "tabular"\noptional = true\n',
         server=f'grpc_bind = "{address}"\n',
     )
     host = start_host(folder, config)
@@ -84,14 +86,20 @@ def test_every_model_by_name_on_the_hosts_one_port(grpc_host: tuple[Host, str]) 
     assert client.is_model_ready("iris") and client.is_model_ready("tiny")
     assert client.get_model_config("iris").config.name == "iris"
     index = {model.name: model.state for model in client.get_model_repository_index().models}
-    assert index == {"iris": "READY", "tiny": "READY"}
+    assert index == {"iris": "READY", "tiny": "READY", "gone": "UNAVAILABLE"}
     with pytest.raises(InferenceServerException) as unknown:
         client.get_model_metadata("nope")
     assert unknown.value.status() == "StatusCode.NOT_FOUND"
-    assert unknown.value.message() == "unknown model 'nope'; this host serves: iris, tiny"
+    assert unknown.value.message() == "unknown model 'nope'; this host serves: iris, tiny, gone"
     with pytest.raises(InferenceServerException) as unknown_infer:
         _iris(client, "nope")
-    assert "this host serves: iris, tiny" in unknown_infer.value.message()
+    assert "this host serves: iris, tiny, gone" in unknown_infer.value.message()
+    # A model the host lists but does not serve: UNAVAILABLE with its reason; ModelReady says false.
+    assert not client.is_model_ready("gone")
+    with pytest.raises(InferenceServerException) as gone:
+        _iris(client, "gone")
+    assert gone.value.status() == "StatusCode.UNAVAILABLE"
+    assert "model gone is UNAVAILABLE" in gone.value.message() and "missing.onnx" in gone.value.message()
     # Each pool's own gRPC port is a loopback one, in host.json for whoever routes.
     pools = host.host_json()
     assert all(str(pools[name]["grpc_address"]).startswith("127.0.0.1:") for name in ("iris", "tiny"))
@@ -105,6 +113,8 @@ def test_grpc_health_answers_for_the_host_and_each_model(grpc_host: tuple[Host, 
         serving = health_pb2.HealthCheckResponse.SERVING
         for service in ("", "inference.GRPCInferenceService", "iris", "flowers", "tiny"):
             assert check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == serving, service
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        assert check(health_pb2.HealthCheckRequest(service="gone"), timeout=5).status == not_serving
         with pytest.raises(grpc.RpcError) as unknown:
             check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
