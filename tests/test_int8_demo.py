@@ -52,7 +52,9 @@ def test_int8_demo_is_served_like_the_float_model(
         assert reply.json()["model"] == INT8
         assert reply.json()["predictions"][0][0]["label"] in CAT_CLASSES
         metrics = requests.get(f"{server.url}/metrics", timeout=10).text
-        labels = f'cache="miss",endpoint="/predict",model="{INT8}",status="200",task="image-classification"'
+        labels = (
+            f'cache="miss",endpoint="/predict",model="{INT8}",protocol="http",status="200",task="image-classification"'
+        )
         assert f"onnxpool_requests_total{{{labels}}} 1.0" in metrics
         assert "onnxpool_model_warmup_seconds" in metrics
 
