@@ -67,8 +67,10 @@ class Stuck(SpanExporter):
 
     def __init__(self) -> None:
         self.answer = threading.Event()
+        self.exporting = threading.Event()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exporting.set()
         self.answer.wait(10)
         return SpanExportResult.SUCCESS
 
@@ -81,7 +83,10 @@ def test_the_spans_a_full_queue_drops_are_counted() -> None:
     options = {"max_queue_size": 4, "max_export_batch_size": 2, "schedule_delay_millis": 5}
     provider.add_span_processor(CountingProcessor(exporter, exporter.count, **options))
     tracer = provider.get_tracer("test")
-    for i in range(20):  # the first batch is stuck in export; 4 more wait; the rest push the oldest out
+    for i in range(2):  # the first batch, stuck in export from here on: the queue is only filled meanwhile
+        tracer.start_span(f"span {i}").end()
+    assert stuck.exporting.wait(10)
+    for i in range(2, 20):  # 4 wait; the rest push the oldest out
         tracer.start_span(f"span {i}").end()
     stuck.answer.set()
     provider.shutdown()
