@@ -174,6 +174,16 @@ class ModelSettings(Section):
     no prepacking: a smaller copy and 0-2 MB less per worker, at 0.78x the speed of the image model,
     0.55x of its INT8 build, 0.94x of MiniLM (docs/BENCHMARKS.md)."""
 
+    wide_threads: int | Literal["auto", "off"] = "auto"
+    """A request that finds the model's other workers idle runs on their cores too: each worker keeps
+    a second, wide session (built from the same mapped weights) whose intra-op threads are pinned to
+    the other workers' cores, and a run takes it only while no other worker of the model is serving a
+    request (workers/wide.py). Under load every worker stays on its own share. "auto": as many
+    threads as the model's cores (workers x threads_per_worker, at most the usable cores); N: N
+    threads (2 up to the model's cores); "off": one session per worker, as before. No effect with a
+    single worker. MiniLM at 256 tokens ran 1.7x faster alone on 2 cores, the image model 1.4-1.8x
+    (docs/BENCHMARKS.md, "A lone request gets every idle core")."""
+
     cpu_variants: list[Path] = Field(default_factory=list)
     """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each
     (`--target avx512-vnni`, `avx2`): at start-up the master serves the first one made for THIS
@@ -182,6 +192,13 @@ class ModelSettings(Section):
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""
+
+    @field_validator("wide_threads")
+    @classmethod
+    def _wide_width(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 2 <= value <= 4096:
+            raise ValueError('must be "auto", "off" or a number of threads from 2 (a wide run has more than one)')
+        return value
 
     @field_validator("aliases")
     @classmethod

@@ -68,6 +68,7 @@ from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
 from onnxpool.workers.run_folder import RunFolder
 from onnxpool.workers.session import RUNTIME
+from onnxpool.workers.wide import Seat, describe_setting, plan_wide
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -76,6 +77,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("onnxpool.workers")
 
 SLOT_ATTRIBUTE = "onnxpool_slot"
+SEAT_ATTRIBUTE = "onnxpool_seat"
+"""The worker's seat on its pool's board (workers/lanes.py): lanes and wide runs read it."""
 
 
 @dataclass(frozen=True)
@@ -358,7 +361,7 @@ def on_starting(server: Any) -> None:
     layout, settings = s.layout, s.settings
     quota = layout.allowance.quota
     log.info(
-        "onnxpool: model %s (%s); cpu: %s; affinity %s, cgroup CPU limit %s -> %d workers x %d threads",
+        "onnxpool: model %s (%s); cpu: %s; affinity %s, cgroup CPU limit %s -> %d workers x %d threads; %s",
         settings.model.name,
         settings.model.path,
         layout.cpu_mode,
@@ -366,6 +369,7 @@ def on_starting(server: Any) -> None:
         f"{quota:g}" if quota is not None else "none",
         layout.workers,
         layout.threads,
+        describe_setting(layout, settings.model.wide_threads),
     )
     if s.generation.model_choice:
         log.info("%s", s.generation.model_choice)
@@ -433,9 +437,11 @@ def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
 def pre_fork(server: Any, worker: Any) -> None:
     s = serving()
     setattr(worker, SLOT_ATTRIBUTE, s.pool.slots.acquire(worker.age))
+    seat = s.pool.seats.acquire(worker.age)  # every worker: the board says who is working (wide runs)
+    setattr(worker, SEAT_ATTRIBUTE, seat)
     plan = s.lane_plan()
     if plan is not None:
-        setattr(worker, LANES_ATTRIBUTE, (s.pool.seats.board, s.pool.seats.acquire(worker.age), plan))
+        setattr(worker, LANES_ATTRIBUTE, (s.pool.seats.board, seat, plan))
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -451,6 +457,9 @@ def post_fork(server: Any, worker: Any) -> None:
     nice = _host_nice(s.settings)
     apply_nice(nice)
     model = s.settings.model
+    # A wide session beside the narrow one: its threads on the other workers' cores (workers/wide.py).
+    wide = plan_wide(layout, model.wide_threads, slot)
+    seat = Seat(s.pool.seats.board, getattr(worker, SEAT_ATTRIBUTE), wide)
     report = RUNTIME.load(
         s.generation.model_file,
         intra_op_threads=layout.share_size,
@@ -461,6 +470,7 @@ def post_fork(server: Any, worker: Any) -> None:
         memory_arena=model.memory_arena,
         headroom_mb=model.memory_headroom_mb,
         prepacking=model.prepacking,
+        seat=seat,
     )
     from onnxpool.server.app import open_in_worker
 
@@ -473,12 +483,13 @@ def post_fork(server: Any, worker: Any) -> None:
     runs = report.run_seconds
     memory = read_memory()
     log.info(
-        "worker ready: slot=%d pid=%d cores=%s threads=%d nice=%d arena=%s model load %.0f ms, warm-up %d runs "
-        "(first %.1f ms, last %.1f ms); memory after warm-up: %s",
+        "worker ready: slot=%d pid=%d cores=%s threads=%d wide=%s nice=%d arena=%s model load %.0f ms, "
+        "warm-up %d runs (first %.1f ms, last %.1f ms); memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
         RUNTIME.intra_op_threads,
+        wide.describe() if wide is not None else "off",
         os.getpriority(os.PRIO_PROCESS, 0),
         RUNTIME.describe_arena(),
         report.load_seconds * 1000,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -20,6 +21,7 @@ import numpy as np
 from onnxpool.workers.cpu_fit import METADATA_PREFIX
 from onnxpool.workers.memory import MB, anonymous_bytes, trim_heap
 from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
+from onnxpool.workers.wide import Seat, WidePlan
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -104,6 +106,21 @@ def build_session(
 ) -> ort.InferenceSession:
     """One CPU session with explicit thread counts (`_options`); `prepacking` False: the least memory."""
     return _session(model_path, _options(intra_op_threads, spin, optimization, prepacking))
+
+
+def build_wide_session(model_path: Path, plan: WidePlan, optimization: str, prepacking: bool) -> ort.InferenceSession:
+    """The worker's wide session (workers/wide.py): `plan.threads` intra-op threads on the plan's cores.
+
+    Its threads spin within a run and stop when it ends. Measured on the 2-core dev VM
+    (docs/BENCHMARKS.md): spinning within the run is 1.1-1.3x faster than not (the image
+    model: 2.7 ms against 3.3-4.3 ms, one core 4.7-4.9 ms), and without the stop a spinning
+    thread kept burning ~32 ms of CPU per 200 ms after each run, on another worker's core.
+    """
+    options = _options(plan.threads, True, optimization, prepacking)
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if plan.affinities:
+        options.add_session_config_entry("session.intra_op_thread_affinities", plan.affinities)
+    return _session(model_path, options)
 
 
 # The served copy (docs/ARCHITECTURE.md, "one copy of the weights per host"): every
@@ -217,6 +234,10 @@ class SessionRuntime:
         self._run_options: ort.RunOptions | None = None
         self._shrink: ort.RunOptions | None = None
         self._idle_feeds: dict[str, np.ndarray] | None = None
+        self._wide: ort.InferenceSession | None = None
+        self._seat: Seat | None = None
+        self.last_wide = 0
+        """The threads of this process's latest run if it was wide (workers/wide.py), else 0."""
         self._ran = False
         """A run since the last `give_back`: a reply that ran nothing (a shed 503, a 4xx) skips the check."""
 
@@ -232,19 +253,24 @@ class SessionRuntime:
         memory_arena: ArenaMode = "keep",
         headroom_mb: int = 64,
         prepacking: bool = True,
+        seat: Seat | None = None,
     ) -> WarmupReport:
-        """Build the session and warm it up; the runtime is ready when this returns."""
+        """Build the session (and with `seat.plan`, the wide one) and warm it up; ready when this returns."""
         import onnxruntime as ort  # in the worker, after fork (module comment above)
 
         start = time.perf_counter()
         session = build_session(model_path, intra_op_threads, spin, optimization, prepacking)
+        plan = seat.plan if seat is not None else None
+        wide = build_wide_session(model_path, plan, optimization, prepacking) if plan is not None else None
         load_seconds = time.perf_counter() - start
         runs = warm_up(session, warmup_runs, heartbeat)
+        if wide is not None:
+            runs += warm_up(wide, warmup_runs, heartbeat)
         info = model_info_of(session)
         shrink = ort.RunOptions()
         shrink.add_run_config_entry(*SHRINK_ARENA)
         with self._lock:
-            self._session, self._info = session, info
+            self._session, self._info, self._wide, self._seat = session, info, wide, seat
             self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, warmup_feeds(info)
             self._run_options = shrink if memory_arena == "release" else None
             self.intra_op_threads = intra_op_threads
@@ -279,10 +305,28 @@ class SessionRuntime:
         if session is None or info is None:
             raise RuntimeError("model is not loaded in this process")
         names = list(output_names) if output_names else [o.name for o in info.outputs]
-        with self._lock:
-            self._ran = True
-            results = session.run(names, dict(feeds), self._run_options)
+        seat = self._seat
+        with self.occupied():  # marked before the choice: two workers choosing at once both stay narrow
+            threads = seat.threads() if seat is not None else 0
+            if threads:
+                session = self._wide or session
+            with self._lock:
+                self._ran = True
+                self.last_wide = threads
+                results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
+
+    def occupied(self) -> AbstractContextManager[None]:
+        """Mark this worker working on the pool's board for the block (a request, an inference).
+
+        While it is marked, no other worker of the model starts a wide run on its cores.
+        """
+        return self._seat.working() if self._seat is not None else nullcontext()
+
+    @property
+    def wide_plan(self) -> WidePlan | None:
+        """This worker's wide session's plan (None: it has none)."""
+        return self._seat.plan if self._seat is not None and self._wide is not None else None
 
     def give_back(self) -> None:
         """After a request (post_request, once its arrays are gone): bound what the load leaves behind.
@@ -308,7 +352,9 @@ class SessionRuntime:
             if anonymous_bytes() <= self.limit:
                 return
             if self._idle_feeds is not None:
-                session.run(None, self._idle_feeds, self._shrink)
+                for each in (session, self._wide):  # each session has an arena of its own
+                    if each is not None:
+                        each.run(None, self._idle_feeds, self._shrink)
             else:  # string inputs: no run of our own; every run shrinks the arena from now on
                 self._run_options = self._shrink
             trim_heap()
