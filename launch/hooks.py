@@ -484,7 +484,7 @@ def post_fork(server: Any, worker: Any) -> None:
     memory = read_memory()
     log.info(
         "worker ready: slot=%d pid=%d cores=%s threads=%d wide=%s nice=%d arena=%s model load %.0f ms, "
-        "warm-up %d runs (first %.1f ms, last %.1f ms); memory after warm-up: %s",
+        "warm-up %d runs (first %.1f ms, last %.1f ms%s); memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
@@ -496,12 +496,13 @@ def post_fork(server: Any, worker: Any) -> None:
         len(runs),
         runs[0] * 1000 if runs else 0.0,
         runs[-1] * 1000 if runs else 0.0,
+        f"; wide: last {report.wide_run_seconds[-1] * 1000:.1f} ms" if report.wide_run_seconds else "",
         memory.describe(),
     )
     if s.pool.run.metrics is not None:
         from onnxpool.server import metrics
 
-        metrics.worker_loaded(slot, report.load_seconds, sum(runs))
+        metrics.worker_loaded(slot, report.load_seconds, report.total_seconds - report.load_seconds)
         _publish_memory(s, memory)
     say_warm(worker)  # last: from here on the master may stop the workers this one replaces
 

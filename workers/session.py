@@ -166,10 +166,12 @@ class WarmupReport:
 
     load_seconds: float
     run_seconds: tuple[float, ...]
+    wide_run_seconds: tuple[float, ...] = ()
+    """The wide session's warm-up runs (workers/wide.py; none without one)."""
 
     @property
     def total_seconds(self) -> float:
-        return self.load_seconds + sum(self.run_seconds)
+        return self.load_seconds + sum(self.run_seconds) + sum(self.wide_run_seconds)
 
 
 def warmup_feeds(info: ModelInfo) -> dict[str, np.ndarray] | None:
@@ -264,8 +266,7 @@ class SessionRuntime:
         wide = build_wide_session(model_path, plan, optimization, prepacking) if plan is not None else None
         load_seconds = time.perf_counter() - start
         runs = warm_up(session, warmup_runs, heartbeat)
-        if wide is not None:
-            runs += warm_up(wide, warmup_runs, heartbeat)
+        wide_runs = warm_up(wide, warmup_runs, heartbeat) if wide is not None else []
         info = model_info_of(session)
         shrink = ort.RunOptions()
         shrink.add_run_config_entry(*SHRINK_ARENA)
@@ -274,7 +275,7 @@ class SessionRuntime:
             self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, warmup_feeds(info)
             self._run_options = shrink if memory_arena == "release" else None
             self.intra_op_threads = intra_op_threads
-            self.warmup = WarmupReport(load_seconds, tuple(runs))
+            self.warmup = WarmupReport(load_seconds, tuple(runs), tuple(wide_runs))
             if memory_arena == "release":
                 trim_heap()
             self.headroom = headroom_mb * MB
@@ -305,11 +306,11 @@ class SessionRuntime:
         if session is None or info is None:
             raise RuntimeError("model is not loaded in this process")
         names = list(output_names) if output_names else [o.name for o in info.outputs]
-        seat = self._seat
+        seat, wide = self._seat, self._wide
         with self.occupied():  # marked before the choice: two workers choosing at once both stay narrow
-            threads = seat.threads() if seat is not None else 0
-            if threads:
-                session = self._wide or session
+            threads = seat.threads() if seat is not None and wide is not None else 0
+            if wide is not None and threads:
+                session = wide
             with self._lock:
                 self._ran = True
                 self.last_wide = threads
@@ -322,11 +323,6 @@ class SessionRuntime:
         While it is marked, no other worker of the model starts a wide run on its cores.
         """
         return self._seat.working() if self._seat is not None else nullcontext()
-
-    @property
-    def wide_plan(self) -> WidePlan | None:
-        """This worker's wide session's plan (None: it has none)."""
-        return self._seat.plan if self._seat is not None and self._wide is not None else None
 
     def give_back(self) -> None:
         """After a request (post_request, once its arrays are gone): bound what the load leaves behind.

@@ -92,7 +92,10 @@ def describe_setting(layout: Layout, setting: WideSetting) -> str:
     threads = wide_threads(layout, setting)
     if threads:
         return f"wide runs {threads} threads when the other workers are idle (wide_threads={setting})"
-    why = "wide_threads=off" if setting == "off" else "one worker" if layout.workers < 2 else "no wider than a worker's share"
+    if setting == "off":
+        why = "wide_threads=off"
+    else:
+        why = "one worker" if layout.workers < 2 else "no wider than a worker's share"
     return f"wide runs off ({why})"
 
 
