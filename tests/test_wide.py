@@ -17,8 +17,8 @@ import requests
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.workers.cores import CpuAllowance, plan_layout
 from onnxpool.workers.lanes import Board, Seats
-from onnxpool.workers.wide import Seat, WidePlan, choose_threads, describe_setting, plan_wide, wide_threads
-from tests.harness import Server, running_server
+from onnxpool.workers.wide import LENT_NICE, Seat, WidePlan, choose_threads, describe_setting, plan_wide, wide_threads
+from tests.harness import Server, proc_status, running_server
 from tests.slow_model import build_slow_model, infer_body, server_settings
 from tests.test_faults import INFER, slow_in_flight
 
@@ -122,6 +122,20 @@ def wide_runs(server: Server) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def thread_ids_of(pid: int) -> list[str]:
+    return sorted(p.name for p in Path(f"/proc/{pid}/task").iterdir())
+
+
+def cores_of(pid: int, tid: str) -> str:
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return next(line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+
+
+def nice_of(pid: int, tid: str) -> int:
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])  # field 19 of stat(5); fields[0] is field 3
+
+
 def two_slow_workers(model: Path, wide: str = "auto") -> dict[str, str]:
     return server_settings(model) | {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_MODEL__WIDE_THREADS": wide}
 
@@ -132,6 +146,10 @@ def test_a_lone_request_runs_wide(tmp_path: Path) -> None:
     with running_server(tmp_path, two_slow_workers(model), workers=2) as server:
         assert "wide runs 2 threads when the other workers are idle (wide_threads=auto)" in server.log()
         assert server.log().count("wide=2 threads") == 2  # each worker's ready line
+        for pid in server.workers():  # its wide session's pool thread: on the other core, at nice 19
+            own = proc_status(pid)["Cpus_allowed_list"]
+            lent = [tid for tid in thread_ids_of(pid) if cores_of(pid, tid) != own]
+            assert len(lent) == 1 and nice_of(pid, lent[0]) == LENT_NICE
         lone = [wide_of(requests.post(server.url + INFER, json=infer_body(10), timeout=10)) for _ in range(3)]
         assert lone == ["2", "2", "2"]
         assert wide_runs(server) == 3

@@ -21,7 +21,7 @@ import numpy as np
 from onnxpool.workers.cpu_fit import METADATA_PREFIX
 from onnxpool.workers.memory import MB, anonymous_bytes, trim_heap
 from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
-from onnxpool.workers.wide import Seat, WidePlan
+from onnxpool.workers.wide import LENT_NICE, Seat, WidePlan, lower_priority, thread_ids
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -108,7 +108,9 @@ def build_session(
     return _session(model_path, _options(intra_op_threads, spin, optimization, prepacking))
 
 
-def build_wide_session(model_path: Path, plan: WidePlan, optimization: str, prepacking: bool) -> ort.InferenceSession:
+def build_wide_session(
+    model_path: Path, plan: WidePlan, optimization: str, prepacking: bool, lent_nice: int = LENT_NICE
+) -> ort.InferenceSession:
     """The worker's wide session (workers/wide.py): `plan.threads` intra-op threads on the plan's cores.
 
     Its threads spin within a run and stop when it ends. Measured on the 2-core dev VM
@@ -120,7 +122,10 @@ def build_wide_session(model_path: Path, plan: WidePlan, optimization: str, prep
     options.add_session_config_entry("session.force_spinning_stop", "1")
     if plan.affinities:
         options.add_session_config_entry("session.intra_op_thread_affinities", plan.affinities)
-    return _session(model_path, options)
+    before = thread_ids()
+    session = _session(model_path, options)  # its pool threads are made here
+    lower_priority(thread_ids() - before, lent_nice)  # they run on lent cores (workers/wide.py, LENT_NICE)
+    return session
 
 
 # The served copy (docs/ARCHITECTURE.md, "one copy of the weights per host"): every

@@ -21,6 +21,7 @@ one; the master only makes the board.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ import numpy as np
 
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.lanes import Board
+
+LENT_NICE = 19
+"""How much lower than the worker's own the priority of its wide session's pool threads is (nice steps).
+
+Those threads run on other workers' cores: when such a worker takes a request while a wide run is
+in flight, its thread must win the core at once (CFS weighs nice 19 at 15 against 1024), so the
+request pays a context switch rather than half the core until the wide run ends. The wide run
+then waits for the piece its pool thread holds: the lender pays, not the owner of the core."""
 
 WideSetting = int | str
 """`[model] wide_threads`: "auto", "off" or a number of threads (config/settings.py)."""
@@ -132,3 +141,14 @@ class Seat:
     def threads(self) -> int:
         """The threads of a run starting now: the wide session's, or 0 for the narrow one."""
         return choose_threads(self.plan, self.board.working, self.seat)
+
+
+def thread_ids() -> set[int]:
+    """This process's threads (their kernel ids)."""
+    return {int(name) for name in os.listdir("/proc/self/task")}
+
+
+def lower_priority(threads: set[int], steps: int) -> None:
+    """`steps` nice steps lower for each of `threads` (at most 19); lowering needs no privilege."""
+    for tid in threads:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
