@@ -49,6 +49,10 @@ def post_fork(server: Any, worker: Any) -> None:
     hooks.post_fork(server, worker)
 
 
+def pre_request(worker: Any, req: Any) -> None:
+    hooks.pre_request(req)
+
+
 def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:
     hooks.post_request(req, resp)
 

@@ -684,6 +684,11 @@ def on_exit(server: Any) -> None:
         _serving.pool.run.remove()
 
 
+def pre_request(req: Any) -> None:
+    """Worker, a request's headers parsed: this worker is working until post_request (workers/wide.py)."""
+    RUNTIME.request_began()
+
+
 def post_request(req: Any, resp: Any) -> None:
     """Worker, after each reply: let gunicorn close a finished connection without waiting for the client.
 
@@ -698,6 +703,9 @@ def post_request(req: Any, resp: Any) -> None:
     keep the full wait. It matters most where requests are cheap: with half the /predict
     requests answered by the response cache, ~3 % more throughput (docs/BENCHMARKS.md).
     """
+    # pre_request's mark ends before the reply leaves (uncork): a lone client's next request, sent as
+    # soon as it has this reply, must find this worker idle, or it would not run wide.
+    RUNTIME.request_ended()
     if resp is not None:
         wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
     RUNTIME.give_back()  # [model] memory_arena: a statm read, unless the worker grew past its headroom

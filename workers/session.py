@@ -322,6 +322,19 @@ class SessionRuntime:
                 results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
 
+    def request_began(self) -> None:
+        """The transport took a request (gunicorn's pre_request): marked working until `request_ended`.
+
+        Wider than the data plane's mark: it covers the reply's writing too, so a worker between
+        two requests under load looks idle only while it accepts and parses the next one.
+        """
+        if self._seat is not None:
+            self._seat.enter()
+
+    def request_ended(self) -> None:
+        if self._seat is not None:
+            self._seat.leave()
+
     def occupied(self) -> AbstractContextManager[None]:
         """Mark this worker working on the pool's board for the block (a request, an inference).
 

@@ -22,6 +22,7 @@ one; the master only makes the board.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,16 +128,28 @@ class Seat:
         self.board = board
         self.seat = seat
         self.plan = plan
+        # One process writes its seat, but a gthread worker's request threads may do it at once: a
+        # read-modify-write of shared memory is not atomic, and a lost update would leave the seat
+        # marked for good (no other worker would run wide again).
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """One more block of work in progress here (a request, an inference)."""
+        with self._lock:
+            self.board.working[self.seat] += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.board.working[self.seat] -= 1
 
     @contextmanager
     def working(self) -> Iterator[None]:
-        """Mark this worker working for the block (nested blocks count once each; one writer: this worker)."""
-        working = self.board.working
-        working[self.seat] += 1
+        """Mark this worker working for the block (nested blocks count once each)."""
+        self.enter()
         try:
             yield
         finally:
-            working[self.seat] -= 1
+            self.leave()
 
     def threads(self) -> int:
         """The threads of a run starting now: the wide session's, or 0 for the narrow one."""
