@@ -131,17 +131,8 @@ def run_cell(
         runs = after[1] - before[1]
         share = (after[0] - before[0]) / runs if runs else None
     answered = step.latencies.size > 0
-    return Cell(
-        workload=workload_name,
-        server=name,
-        concurrency=concurrency,
-        round=round_,
-        answers_per_s=step.items_per_second,
-        p50_ms=step.percentile(50) * 1000 if answered else 0.0,
-        p99_ms=step.percentile(99) * 1000 if answered else 0.0,
-        errors=step.error_count,
-        wide_share=share,
-    )
+    p50, p99 = (step.percentile(50) * 1000, step.percentile(99) * 1000) if answered else (0.0, 0.0)
+    return Cell(workload_name, name, concurrency, round_, step.items_per_second, p50, p99, step.error_count, share)
 
 
 def summarise(cells: list[Cell]) -> dict[str, Any]:

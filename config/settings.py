@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -174,15 +174,16 @@ class ModelSettings(Section):
     no prepacking: a smaller copy and 0-2 MB less per worker, at 0.78x the speed of the image model,
     0.55x of its INT8 build, 0.94x of MiniLM (docs/BENCHMARKS.md)."""
 
-    wide_threads: int | Literal["auto", "off"] = "auto"
+    wide_threads: Annotated[int, Field(ge=2, le=4096)] | Literal["auto", "off"] = "auto"
     """A request that finds the model's other workers idle runs on their cores too: each worker keeps
     a second, wide session (built from the same mapped weights) whose intra-op threads are pinned to
     the other workers' cores, and a run takes it only while no other worker of the model is serving a
     request (workers/wide.py). Under load every worker stays on its own share. "auto": as many
     threads as the model's cores (workers x threads_per_worker, at most the usable cores); N: N
     threads (2 up to the model's cores); "off": one session per worker, as before. No effect with a
-    single worker. MiniLM at 256 tokens ran 1.7x faster alone on 2 cores, the image model 1.4-1.8x
-    (docs/BENCHMARKS.md, "A lone request gets every idle core")."""
+    single worker. In process on 2 cores a MiniLM run of 256 tokens took 15 ms wide against 29 ms on
+    one core, the image model's 2.7-4.5 ms against 4.7-4.9 (docs/BENCHMARKS.md, "A lone request gets
+    every idle core"); a worker keeps a few MB more private memory."""
 
     cpu_variants: list[Path] = Field(default_factory=list)
     """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each
@@ -192,13 +193,6 @@ class ModelSettings(Section):
     cpu_mismatch: Literal["warn", "refuse"] = "warn"
     """An INT8 model made for VNNI on a CPU without VNNI (workers/cpu_fit.py): log one warning
     line and serve ("warn"), or refuse to start ("refuse")."""
-
-    @field_validator("wide_threads")
-    @classmethod
-    def _wide_width(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 2 <= value <= 4096:
-            raise ValueError('must be "auto", "off" or a number of threads from 2 (a wide run has more than one)')
-        return value
 
     @field_validator("aliases")
     @classmethod

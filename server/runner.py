@@ -52,8 +52,8 @@ class RequestRunner:
                 timer.wide = max(timer.wide, wide)
                 if self._record:
                     metrics.count_wide_run(self._model)
-                if attributes is not None:
-                    attributes["onnxpool.wide_threads"] = wide
+                if attributes is not None:  # the span's threads are this run's, not the worker's share
+                    attributes.update({"onnxpool.threads": wide, "onnxpool.wide": True})
         return outputs
 
     def phase(self, name: str) -> AbstractContextManager[None]:
