@@ -484,7 +484,7 @@ def post_fork(server: Any, worker: Any) -> None:
     memory = read_memory()
     log.info(
         "worker ready: slot=%d pid=%d cores=%s threads=%d wide=%s nice=%d arena=%s model load %.0f ms, "
-        "warm-up %d runs (first %.1f ms, last %.1f ms%s); memory after warm-up: %s",
+        "warm-up %d runs (first %.1f ms, last %.1f ms)%s; memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
@@ -496,7 +496,9 @@ def post_fork(server: Any, worker: Any) -> None:
         len(runs),
         runs[0] * 1000 if runs else 0.0,
         runs[-1] * 1000 if runs else 0.0,
-        f"; wide: last {report.wide_run_seconds[-1] * 1000:.1f} ms" if report.wide_run_seconds else "",
+        f", wide {len(report.wide_run_seconds)} runs (last {report.wide_run_seconds[-1] * 1000:.1f} ms)"
+        if report.wide_run_seconds
+        else "",
         memory.describe(),
     )
     if s.pool.run.metrics is not None:
