@@ -146,7 +146,7 @@ def test_a_lone_request_runs_wide(tmp_path: Path) -> None:
     with running_server(tmp_path, two_slow_workers(model), workers=2) as server:
         assert "wide runs 2 threads when the other workers are idle (wide_threads=auto)" in server.log()
         assert server.log().count("wide=2 threads") == 2  # each worker's ready line
-        for pid in server.workers():  # its wide session's pool thread: on the other core, at nice 19
+        for pid in server.workers():  # its wide session's pool thread: on the other core, at LENT_NICE
             own = proc_status(pid)["Cpus_allowed_list"]
             lent = [tid for tid in thread_ids_of(pid) if cores_of(pid, tid) != own]
             assert len(lent) == 1 and nice_of(pid, lent[0]) == LENT_NICE

@@ -32,13 +32,16 @@ import numpy as np
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.lanes import Board
 
-LENT_NICE = 19
+LENT_NICE = 0
 """How much lower than the worker's own the priority of its wide session's pool threads is (nice steps).
 
-Those threads run on other workers' cores: when such a worker takes a request while a wide run is
-in flight, its thread must win the core at once (CFS weighs nice 19 at 15 against 1024), so the
-request pays a context switch rather than half the core until the wide run ends. The wide run
-then waits for the piece its pool thread holds: the lender pays, not the owner of the core."""
+Those threads run on other workers' cores. At nice 19 the owner of a lent core would win it back at
+once, but a piece of the wide run that its pool thread had started then waits behind every nice-0
+thread on that core (the owner's request, nginx, a load generator) at 15/1024 of the core: in one
+run under load the p99 at 8 connections went to 384-615 ms against 58-94 ms at nice 0
+(docs/BENCHMARKS.md). At the worker's own priority the two share the core until the wide run
+ends, which bounds what each costs the other by the rest of that run. Kept as a constant so that
+`benchmarks.wide_overlap --lent-nice` can measure it again."""
 
 WideSetting = int | str
 """`[model] wide_threads`: "auto", "off" or a number of threads (config/settings.py)."""
