@@ -50,7 +50,7 @@ def post_fork(server: Any, worker: Any) -> None:
 
 
 def pre_request(worker: Any, req: Any) -> None:
-    hooks.pre_request(req)
+    hooks.pre_request(worker, req)
 
 
 def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:

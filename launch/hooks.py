@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -686,9 +687,31 @@ def on_exit(server: Any) -> None:
         _serving.pool.run.remove()
 
 
-def pre_request(req: Any) -> None:
-    """Worker, a request's headers parsed: this worker is working until post_request (workers/wide.py)."""
-    RUNTIME.request_began()
+QUEUED_ATTRIBUTE = "onnxpool_queued"
+"""Set on a request that found connections waiting in the worker's listen queues (pre_request)."""
+
+
+def pre_request(worker: Any, req: Any) -> None:
+    """Worker, a request's headers parsed: this worker is working until post_request (workers/wide.py).
+
+    One `select` with no wait on the worker's listeners (a few microseconds) says whether other
+    connections are waiting: under load a request then runs narrow even in the moment the other
+    workers are between two requests and look idle on the board.
+    """
+    queued = _connections_waiting(worker)
+    setattr(req, QUEUED_ATTRIBUTE, queued)
+    RUNTIME.request_began(queued)
+
+
+def _connections_waiting(worker: Any) -> bool:
+    listeners = list(getattr(worker, "sockets", ()) or ())
+    if not listeners:
+        return False
+    try:
+        ready, _, _ = select.select(listeners, [], [], 0)
+    except (OSError, ValueError):  # a listener closed meanwhile (a reload)
+        return False
+    return bool(ready)
 
 
 def post_request(req: Any, resp: Any) -> None:
@@ -707,7 +730,7 @@ def post_request(req: Any, resp: Any) -> None:
     """
     # pre_request's mark ends before the reply leaves (uncork): a lone client's next request, sent as
     # soon as it has this reply, must find this worker idle, or it would not run wide.
-    RUNTIME.request_ended()
+    RUNTIME.request_ended(getattr(req, QUEUED_ATTRIBUTE, False))
     if resp is not None:
         wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
     RUNTIME.give_back()  # [model] memory_arena: a statm read, unless the worker grew past its headroom

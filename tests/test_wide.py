@@ -78,6 +78,10 @@ def test_a_seat_marks_itself_on_the_shared_board_and_the_master_clears_it() -> N
         with mine.working():
             assert mine.threads() == 0
     assert board.working[other.seat] == 0 and mine.threads() == 2
+    mine.enter(queued=True)  # a request of its own that found connections waiting behind it: load
+    assert mine.threads() == 0
+    mine.leave(queued=True)
+    assert mine.threads() == 2
     board.working[other.seat] = 1  # a worker killed mid-request...
     seats.release(2)  # ...is cleared by the master's child_exit
     assert mine.threads() == 2

@@ -322,18 +322,19 @@ class SessionRuntime:
                 results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
 
-    def request_began(self) -> None:
+    def request_began(self, queued: bool = False) -> None:
         """The transport took a request (gunicorn's pre_request): marked working until `request_ended`.
 
         Wider than the data plane's mark: it covers the reply's writing too, so a worker between
         two requests under load looks idle only while it accepts and parses the next one.
+        `queued`: more connections were waiting when it began; this worker runs it narrow.
         """
         if self._seat is not None:
-            self._seat.enter()
+            self._seat.enter(queued)
 
-    def request_ended(self) -> None:
+    def request_ended(self, queued: bool = False) -> None:
         if self._seat is not None:
-            self._seat.leave()
+            self._seat.leave(queued)
 
     def occupied(self) -> AbstractContextManager[None]:
         """Mark this worker working on the pool's board for the block (a request, an inference).

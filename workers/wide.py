@@ -135,15 +135,19 @@ class Seat:
         # read-modify-write of shared memory is not atomic, and a lost update would leave the seat
         # marked for good (no other worker would run wide again).
         self._lock = threading.Lock()
+        self._queued = 0
+        """Requests in progress here that found others waiting behind them: no wide run meanwhile."""
 
-    def enter(self) -> None:
-        """One more block of work in progress here (a request, an inference)."""
+    def enter(self, queued: bool = False) -> None:
+        """One more block of work in progress here (a request, an inference); `queued`: others wait behind it."""
         with self._lock:
             self.board.working[self.seat] += 1
+            self._queued += queued
 
-    def leave(self) -> None:
+    def leave(self, queued: bool = False) -> None:
         with self._lock:
             self.board.working[self.seat] -= 1
+            self._queued -= queued
 
     @contextmanager
     def working(self) -> Iterator[None]:
@@ -155,7 +159,13 @@ class Seat:
             self.leave()
 
     def threads(self) -> int:
-        """The threads of a run starting now: the wide session's, or 0 for the narrow one."""
+        """The threads of a run starting now: the wide session's, or 0 for the narrow one.
+
+        Narrow while a request of this worker found connections waiting in its listen queue: that
+        is load, even in the moment the other workers are between two requests and look idle.
+        """
+        if self._queued:
+            return 0
         return choose_threads(self.plan, self.board.working, self.seat)
 
 
