@@ -63,22 +63,25 @@ def _bench(
     return run_bench(options, progress, request).steps
 
 
-def _start_baseline(log_dir: Path, workers: int, stock: bool = False) -> Server:
+BASELINE_APP = "benchmarks.baselines.fastapi_app:app"
+
+
+def start_baseline(
+    log_dir: Path,
+    workers: int | None,
+    stock: bool = False,
+    *,
+    app: str = BASELINE_APP,
+    env: dict[str, str] | None = None,
+    name: str = "baseline",
+) -> Server:
+    """A FastAPI baseline under uvicorn (`workers` None: one process, no --workers) on a free port."""
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn" if stock else "benchmarks.baselines.uvicorn_nodelay",
-        "benchmarks.baselines.fastapi_app:app",
-        "--workers",
-        str(workers),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-access-log",
-    ]
-    return start_command(argv, log_dir, port, "/health", name="baseline", timeout=120, cwd=REPO)
+    argv = [sys.executable, "-m", "uvicorn" if stock else "benchmarks.baselines.uvicorn_nodelay", app]
+    if workers is not None:
+        argv += ["--workers", str(workers)]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+    return start_command(argv, log_dir, port, "/health", env=env, name=name, timeout=120, cwd=REPO)
 
 
 BIG_IMAGE_CONCURRENCY = 4
@@ -242,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         running.callback(floor_app.stop)
         baseline = None
         if not args.skip_baseline:
-            baseline = _start_baseline(folder, len(cores), stock=args.baseline == "stock")
+            baseline = start_baseline(folder, len(cores), stock=args.baseline == "stock")
             running.callback(baseline.stop)
         binary = prepare("v2-binary", server.url, model=MODEL_NAME)
         predict = predict_request(args.image, 1)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from onnxpool.measure.paths import CAT_JPEG
+from onnxpool.server.backend import NoBoard
 
 LOGITS = np.linspace(-3, 3, 1000, dtype=np.float32)
 BOUNDARY = "onnxpool-hotpath"
@@ -51,7 +52,7 @@ def build_app(tree: Path | None, old_layout: bool) -> Callable[..., Iterable[byt
         outputs=(spec("logits", "tensor(float)", (-1, 1000)),),
     )
 
-    class StubBackend:
+    class StubBackend(NoBoard):
         ready = True
 
         @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -192,6 +192,17 @@ class ModelSettings(Section):
     code) are made once, saved in the mapped copy (share_weights) and mapped too: full speed. false:
     no prepacking: a smaller copy and 0-2 MB less per worker, at 0.78x the speed of the image model,
     0.55x of its INT8 build, 0.94x of MiniLM (docs/BENCHMARKS.md)."""
+
+    wide_threads: Annotated[int, Field(ge=2, le=4096)] | Literal["auto", "off"] = "auto"
+    """A request that finds the model's other workers idle runs on their cores too: each worker keeps
+    a second, wide session (built from the same mapped weights) whose intra-op threads are pinned to
+    the other workers' cores, and a run takes it only while no other worker of the model is serving a
+    request (workers/wide.py). Under load every worker stays on its own share. "auto": as many
+    threads as the model's cores (workers x threads_per_worker, at most the usable cores); N: N
+    threads (2 up to the model's cores); "off": one session per worker, as before. No effect with a
+    single worker. In process on 2 cores a MiniLM run of 256 tokens took 15 ms wide against 29 ms on
+    one core, the image model's 2.7-4.5 ms against 4.7-4.9 (docs/BENCHMARKS.md, "A lone request gets
+    every idle core"); a worker keeps a few MB more private memory."""
 
     cpu_variants: list[Path] = Field(default_factory=list)
     """INT8 builds of the same model made by `onnxpool quantize` for one CPU family each

@@ -53,6 +53,10 @@ def post_worker_init(worker: Any) -> None:
     hooks.post_worker_init(worker)
 
 
+def pre_request(worker: Any, req: Any) -> None:
+    hooks.pre_request(worker, req)
+
+
 def post_request(worker: Any, req: Any, environ: Any, resp: Any) -> None:
     hooks.post_request(req, resp)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -70,6 +71,7 @@ from onnxpool.workers.pool import Generation, Pool
 from onnxpool.workers.preflight import ModelError
 from onnxpool.workers.run_folder import RunFolder
 from onnxpool.workers.session import RUNTIME
+from onnxpool.workers.wide import Seat, describe_setting, plan_wide
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -78,6 +80,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("onnxpool.workers")
 
 SLOT_ATTRIBUTE = "onnxpool_slot"
+SEAT_ATTRIBUTE = "onnxpool_seat"
+"""The worker's seat on its pool's board (workers/lanes.py): lanes and wide runs read it."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,7 @@ def on_starting(server: Any) -> None:
     layout, settings = s.layout, s.settings
     quota = layout.allowance.quota
     log.info(
-        "onnxpool: model %s (%s); cpu: %s; affinity %s, cgroup CPU limit %s -> %d workers x %d threads",
+        "onnxpool: model %s (%s); cpu: %s; affinity %s, cgroup CPU limit %s -> %d workers x %d threads; %s",
         settings.model.name,
         settings.model.path,
         layout.cpu_mode,
@@ -370,6 +374,7 @@ def on_starting(server: Any) -> None:
         f"{quota:g}" if quota is not None else "none",
         layout.workers,
         layout.threads,
+        describe_setting(layout, settings.model.wide_threads),
     )
     if s.generation.model_choice:
         log.info("%s", s.generation.model_choice)
@@ -437,9 +442,11 @@ def _warn_if_oversubscribed(layout: Layout, workers: int) -> None:
 def pre_fork(server: Any, worker: Any) -> None:
     s = serving()
     setattr(worker, SLOT_ATTRIBUTE, s.pool.slots.acquire(worker.age))
+    seat = s.pool.seats.acquire(worker.age)  # every worker: the board says who is working (wide runs)
+    setattr(worker, SEAT_ATTRIBUTE, seat)
     plan = s.lane_plan()
     if plan is not None:
-        setattr(worker, LANES_ATTRIBUTE, (s.pool.seats.board, s.pool.seats.acquire(worker.age), plan))
+        setattr(worker, LANES_ATTRIBUTE, (s.pool.seats.board, seat, plan))
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -455,6 +462,9 @@ def post_fork(server: Any, worker: Any) -> None:
     nice = _host_nice(s.settings)
     apply_nice(nice)
     model = s.settings.model
+    # A wide session beside the narrow one: its threads on the other workers' cores (workers/wide.py).
+    wide = plan_wide(layout, model.wide_threads, slot)
+    seat = Seat(s.pool.seats.board, getattr(worker, SEAT_ATTRIBUTE), wide)
     report = RUNTIME.load(
         s.generation.model_file,
         intra_op_threads=layout.share_size,
@@ -465,6 +475,7 @@ def post_fork(server: Any, worker: Any) -> None:
         memory_arena=model.memory_arena,
         headroom_mb=model.memory_headroom_mb,
         prepacking=model.prepacking,
+        seat=seat,
     )
     from onnxpool.server.app import open_in_worker
 
@@ -477,24 +488,28 @@ def post_fork(server: Any, worker: Any) -> None:
     runs = report.run_seconds
     memory = read_memory()
     log.info(
-        "worker ready: slot=%d pid=%d cores=%s threads=%d nice=%d arena=%s model load %.0f ms, warm-up %d runs "
-        "(first %.1f ms, last %.1f ms); memory after warm-up: %s",
+        "worker ready: slot=%d pid=%d cores=%s threads=%d wide=%s nice=%d arena=%s model load %.0f ms, "
+        "warm-up %d runs (first %.1f ms, last %.1f ms)%s; memory after warm-up: %s",
         slot,
         os.getpid(),
         cores,
         RUNTIME.intra_op_threads,
+        wide.describe() if wide is not None else "off",
         os.getpriority(os.PRIO_PROCESS, 0),
         RUNTIME.describe_arena(),
         report.load_seconds * 1000,
         len(runs),
         runs[0] * 1000 if runs else 0.0,
         runs[-1] * 1000 if runs else 0.0,
+        f", wide {len(report.wide_run_seconds)} runs (last {report.wide_run_seconds[-1] * 1000:.1f} ms)"
+        if report.wide_run_seconds
+        else "",
         memory.describe(),
     )
     if s.pool.run.metrics is not None:
         from onnxpool.server import metrics
 
-        metrics.worker_loaded(slot, report.load_seconds, sum(runs))
+        metrics.worker_loaded(slot, report.load_seconds, report.total_seconds - report.load_seconds)
         _publish_memory(s, memory)
 
 
@@ -520,10 +535,15 @@ def _serve_grpc(s: Serving, worker: Any) -> None:
     app = WSGI_APP.current
     assert app is not None
 
-    def answered(call: Callable[[], Any]) -> Any:
+    def answered(call: Callable[[], Any], queued: Callable[[], bool] = lambda: False) -> Any:
+        # What pre_request and post_request do around an HTTP request: working on the board (wide
+        # runs: narrow when more is waiting), then the memory checks after the reply.
+        waiting = queued()
+        RUNTIME.request_began(waiting)
         try:
             return call()
-        finally:  # what post_request does after an HTTP reply
+        finally:
+            RUNTIME.request_ended(waiting)
             RUNTIME.give_back()
             _publish_memory(s, _MEMORY.due())
 
@@ -532,9 +552,12 @@ def _serve_grpc(s: Serving, worker: Any) -> None:
         setattr(worker, HANDOFF_ATTRIBUTE, handoff)
         bound = s.pool.lanes_bound(s.callers) if s.lane_plan() is not None else 0
 
+        def more_waiting() -> bool:
+            return handoff.pending or _connections_waiting(worker)
+
         def in_main_thread(call: Callable[[], Any], environ: WSGIEnvironment) -> Any:
             lane = lane_of(s.callers, bound, environ) if bound else 0  # the fair choice's, as for a connection
-            return handoff.submit(lambda: answered(call), lane)
+            return handoff.submit(lambda: answered(call, more_waiting), lane)
 
         server = grpc_server.start(s.settings, app, in_main_thread)
         handoff.transports.append(server)
@@ -722,6 +745,33 @@ def on_exit(server: Any) -> None:
         _serving.pool.run.remove()
 
 
+QUEUED_ATTRIBUTE = "onnxpool_queued"
+"""Set on a request that found connections waiting in the worker's listen queues (pre_request)."""
+
+
+def pre_request(worker: Any, req: Any) -> None:
+    """Worker, a request's headers parsed: this worker is working until post_request (workers/wide.py).
+
+    One `select` with no wait on the worker's listeners (a few microseconds) says whether other
+    connections are waiting: under load a request then runs narrow even in the moment the other
+    workers are between two requests and look idle on the board.
+    """
+    queued = _connections_waiting(worker)
+    setattr(req, QUEUED_ATTRIBUTE, queued)
+    RUNTIME.request_began(queued)
+
+
+def _connections_waiting(worker: Any) -> bool:
+    listeners = list(getattr(worker, "sockets", ()) or ())
+    if not listeners:
+        return False
+    try:
+        ready, _, _ = select.select(listeners, [], [], 0)
+    except (OSError, ValueError):  # a listener closed meanwhile (a reload)
+        return False
+    return bool(ready)
+
+
 def post_request(req: Any, resp: Any) -> None:
     """Worker, after each reply: let gunicorn close a finished connection without waiting for the client.
 
@@ -736,6 +786,9 @@ def post_request(req: Any, resp: Any) -> None:
     keep the full wait. It matters most where requests are cheap: with half the /predict
     requests answered by the response cache, ~3 % more throughput (docs/BENCHMARKS.md).
     """
+    # pre_request's mark ends before the reply leaves (uncork): a lone client's next request, sent as
+    # soon as it has this reply, must find this worker idle, or it would not run wide.
+    RUNTIME.request_ended(getattr(req, QUEUED_ATTRIBUTE, False))
     if resp is not None:
         wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
     RUNTIME.give_back()  # [model] memory_arena: a statm read, unless the worker grew past its headroom

@@ -7,7 +7,10 @@
    gunicorn (`bench.servers.start_server`) and measured with `bench` (v2
    binary tensors) at a target concurrency; one server at a time. After the
    load, each worker's memory (private and PSS, /proc/<pid>/smaps_rollup) is
-   read, so a layout's memory is reported beside its req/s.
+   read, so a layout's memory is reported beside its req/s; then a lone client (concurrency 1),
+   for the latency of the quiet hours. With `[model] wide_threads` (workers/wide.py) a lone
+   request of a several-worker layout runs on every idle core, as one wide worker's would: the
+   table says how wide, and its p50 at c=1 shows what the low load gets from each layout.
 The winner is the best CONFIRMED HTTP throughput. Everything runs inside a
 time budget: durations are sized from it, and candidates that no longer fit
 are skipped (the first one is always confirmed, so there is a winner).
@@ -18,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from onnxpool.config.loader import load_settings
@@ -32,6 +35,7 @@ from onnxpool.measure.servers import start_server
 from onnxpool.measure.tomledit import set_server_layout
 from onnxpool.workers.cores import Layout, plan_layout, usable_cores
 from onnxpool.workers.memory import MB, ProcessMemory, read_memory
+from onnxpool.workers.wide import wide_threads
 
 # Rough fixed costs, used only to size durations within the budget.
 INPROCESS_OVERHEAD_S = 3.0  # spawn + import onnxruntime + session build + warm-up
@@ -54,6 +58,8 @@ class Candidate:
     layout: Layout
     inprocess: LimitResult | None = None
     http: StepResult | None = None
+    lone: StepResult | None = None
+    """One client, after the load: a lone request's latency (a wide run where the setting allows it)."""
     memory: tuple[ProcessMemory, ...] = ()
     """Each worker's memory after the HTTP load (confirmed candidates only)."""
     batch_items_per_s: dict[int, float] = field(default_factory=dict)
@@ -91,6 +97,8 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     model: str = ""
     """The model measured: `[model].name (path)` of the settings the servers start with."""
+    wide: int | str = "off"
+    """`[model] wide_threads` of those settings: how wide a lone request of each layout runs."""
 
     @property
     def confirmed(self) -> list[Candidate]:
@@ -123,13 +131,18 @@ class _Durations:
     def http_warmup(self) -> float:
         return min(2.0, self.http / 4)
 
+    @property
+    def lone(self) -> float:
+        """The lone client's step: long enough for a p50, a quarter of the load's."""
+        return max(1.0, self.http / 4)
+
 
 def plan_durations(budget: float, layouts: int, batches: int, confirmations: int) -> _Durations:
     """Measured seconds per in-process run and per HTTP run so the whole run fits `budget`."""
     runs = layouts + max(0, batches - 1)
     spare = budget - runs * INPROCESS_OVERHEAD_S - confirmations * HTTP_OVERHEAD_S
     per_in = spare * 0.35 / runs / 1.25 if runs else 0.0
-    per_http = spare * 0.65 / max(1, confirmations) / 1.25
+    per_http = spare * 0.65 / max(1, confirmations) / 1.5  # the load, its warm-up, and the lone client's quarter
     return _Durations(inprocess=min(10.0, max(0.5, per_in)), http=min(20.0, max(1.0, per_http)))
 
 
@@ -148,8 +161,9 @@ def _limit(settings: Settings, layout: Layout, batch: int, d: _Durations) -> Lim
 
 def _confirm(
     settings: Settings, candidate: Candidate, options: TuneOptions, concurrency: int, d: _Durations, log_dir: Path
-) -> tuple[StepResult, tuple[ProcessMemory, ...]]:
-    """Start a real gunicorn with this layout, bench it at `concurrency`, read its workers' memory, stop it."""
+) -> tuple[StepResult, StepResult, tuple[ProcessMemory, ...]]:
+    """Start a real gunicorn with this layout, bench it at `concurrency`, read its workers' memory, bench one
+    client, stop it."""
     overrides = {k: v for k, v in os.environ.items() if k.startswith("ONNXPOOL_")}
     overrides["ONNXPOOL_SERVER__WORKERS"] = str(candidate.workers)
     overrides["ONNXPOOL_SERVER__THREADS_PER_WORKER"] = str(candidate.threads)
@@ -167,7 +181,9 @@ def _confirm(
             model=settings.model.name,
         )
         step = run_bench(bench).steps[0]
-        return step, tuple(read_memory(pid) for pid in server.workers())
+        memory = tuple(read_memory(pid) for pid in server.workers())
+        lone = run_bench(replace(bench, concurrency=(1,), warmup=0.5, duration=d.lone)).steps[0]
+        return step, lone, memory
     finally:
         server.stop()
 
@@ -188,6 +204,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> TuneResu
         len(cores),
         time.strftime("%Y-%m-%d %H:%M"),
         model=f"{settings.model.name} ({settings.model.path})",
+        wide=settings.model.wide_threads,
     )
 
     def show(text: str) -> None:
@@ -208,12 +225,14 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> TuneResu
     with tempfile.TemporaryDirectory(prefix="onnxpool-tune-") as tmp:
         for i, candidate in enumerate(ranked[:confirmations]):
             elapsed = time.monotonic() - started
-            cost = HTTP_OVERHEAD_S + durations.http + durations.http_warmup
+            cost = HTTP_OVERHEAD_S + durations.http + durations.http_warmup + durations.lone + 0.5
             if i > 0 and elapsed + cost > options.budget:
                 result.notes.append(f"{candidate.name}: not confirmed over HTTP (budget reached)")
                 continue
             show(f"HTTP {candidate.name} at concurrency {concurrency} ({durations.http:.1f}s)")
-            candidate.http, candidate.memory = _confirm(settings, candidate, options, concurrency, durations, Path(tmp))
+            candidate.http, candidate.lone, candidate.memory = _confirm(
+                settings, candidate, options, concurrency, durations, Path(tmp)
+            )
     result.seconds = time.monotonic() - started
     winner = result.winner
     progress.done(
@@ -236,9 +255,11 @@ def ranking_rows(result: TuneResult) -> list[dict[str, object]]:
             {
                 "rank": rank,
                 "layout": c.name,
+                "wide": wide_threads(c.layout, result.wide) or "-",
                 "http_rps": c.http.throughput if c.http else float("nan"),
                 "http_p99": c.http.percentile(99) * 1000 if c.http else float("nan"),
                 "http_errors": c.http.error_count if c.http else float("nan"),
+                "lone_p50": c.lone.percentile(50) * 1000 if c.lone else float("nan"),
                 "private_mb": c.private_mb,
                 "pss_mb": c.pss_mb,
                 "inproc": c.inprocess.items_per_second if c.inprocess else float("nan"),
@@ -253,9 +274,11 @@ def format_ranking(result: TuneResult) -> str:
     columns = (
         ("rank", "rank", "{}"),
         ("layout", "workers x threads", "{}"),
+        ("wide", "lone request threads", "{}"),
         ("http_rps", f"HTTP req/s @c{result.concurrency}", "{:.1f}"),
         ("http_p99", "HTTP p99 ms", "{:.1f}"),
         ("http_errors", "errors", "{}"),
+        ("lone_p50", "HTTP p50 ms @c1", "{:.1f}"),
         ("private_mb", "MB private/worker", "{:.0f}"),
         ("pss_mb", "MB PSS/worker", "{:.0f}"),
         ("inproc", "in-process img/s", "{:.1f}"),
@@ -270,7 +293,9 @@ def format_ranking(result: TuneResult) -> str:
     ]
     winner = result.winner
     if winner is not None:
-        lines.append(f"recommended: workers = {winner.workers}, threads_per_worker = {winner.threads}")
+        wide = wide_threads(winner.layout, result.wide)
+        lone = f"; a lone request runs wide on {wide} threads (wide_threads = {result.wide!r})" if wide else ""
+        lines.append(f"recommended: workers = {winner.workers}, threads_per_worker = {winner.threads}{lone}")
     return "\n".join(lines)
 
 

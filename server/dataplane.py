@@ -88,7 +88,10 @@ class DataPlane:
         state.labels = (self.model_name, route.rule)
         operation = route.operation
         try:
-            return self._answer(environ, state, operation, route.rule)
+            # The whole request marks this worker working (its decoding and encoding use its core too):
+            # no other worker of the model starts a wide run on its cores meanwhile (workers/wide.py).
+            with self.ctx.backend.occupied():
+                return self._answer(environ, state, operation, route.rule)
         except OnnxpoolError as exc:
             return _error_reply(operation, exc)
         except HTTPException as exc:  # werkzeug's own, e.g. a malformed header it parsed for us

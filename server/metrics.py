@@ -83,6 +83,12 @@ BATCH_SIZE = Histogram(
     ["model"],
     buckets=BATCH_BUCKETS,
 )
+WIDE_RUNS = Counter(
+    "onnxpool_wide_runs",
+    "Inferences that ran wide: on the model's idle workers' cores too ([model] wide_threads); compare with "
+    "the count of onnxpool_inference_batch_size (every inference).",
+    ["model"],
+)
 IN_FLIGHT = Gauge(
     "onnxpool_requests_in_flight",
     "Requests being served right now, over all live workers.",
@@ -224,6 +230,10 @@ def observe_spans(outcome: str, count: int) -> None:
 
 def observe_batch(model: str, batch: int) -> None:
     BATCH_SIZE.labels(model).observe(batch)
+
+
+def count_wide_run(model: str) -> None:
+    _child(WIDE_RUNS, (model,)).inc()
 
 
 def worker_loaded(slot: int, load_seconds: float, warmup_seconds: float) -> None:

@@ -3,7 +3,9 @@
 Made per request by the data plane over the worker's runtime (`InferenceBackend`, the
 `workers.session.SessionRuntime` after fork) and the request's phase timer: every inference
 is timed as phase "infer" and its batch size recorded, whoever asks for it (a task's `run`,
-v2 infer on the model's own tensors). A traced request's inference span gets the batch size too;
+v2 infer on the model's own tensors); an inference that ran wide (on the model's idle workers'
+cores too, workers/wide.py) is said in Server-Timing and counted. A traced request's inference
+span gets the batch size (and a wide run's threads) too;
 a task's own steps become spans through `span` (`onnxpool.tasks.api.Runner.span`).
 """
 
@@ -42,8 +44,17 @@ class RequestRunner:
                 metrics.observe_batch(self._model, batch)
             if traced:
                 attributes = {"onnxpool.batch_size": batch}
+        backend = self._backend
         with timer.phase("infer", attributes):
-            return self._backend.infer(feeds, output_names)
+            outputs = backend.infer(feeds, output_names)
+            wide = backend.last_wide
+            if wide:  # it ran on idle workers' cores too (workers/wide.py): said in Server-Timing, counted
+                timer.wide = max(timer.wide, wide)
+                if self._record:
+                    metrics.count_wide_run(self._model)
+                if attributes is not None:  # the span's threads are this run's, not the worker's share
+                    attributes.update({"onnxpool.threads": wide, "onnxpool.wide": True})
+        return outputs
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return self.timer.phase(name)

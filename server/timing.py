@@ -42,7 +42,7 @@ class RequestTimer:
     `wall_ns` is the Unix time (ns) read with `start`, the origin of the spans' times.
     """
 
-    __slots__ = ("_open", "arrived", "attributes", "phases", "queue", "spans", "start", "wall_ns")
+    __slots__ = ("_open", "arrived", "attributes", "phases", "queue", "spans", "start", "wall_ns", "wide")
 
     def __init__(self, queue: float | None = None, arrived: float | None = None, wall_ns: int | None = None) -> None:
         self.start = time.perf_counter()
@@ -55,6 +55,8 @@ class RequestTimer:
         """Traced requests only (`server.tracing_spans` sets a list): every timed block, as it ended."""
         self.attributes: Attributes | None = None
         """Traced requests only: facts for the request's server span (why it was shed...)."""
+        self.wide = 0
+        """The threads of this request's widest inference if one ran wide (workers/wide.py), else 0."""
 
     @classmethod
     def arriving(cls, stamp: float | None) -> RequestTimer:
@@ -139,7 +141,8 @@ class RequestTimer:
         return (self.queue or 0.0) + (time.perf_counter() if now is None else now) - self.start
 
     def server_timing(self, total: float | None = None) -> str:
-        """`Server-Timing` value, in milliseconds: `queue;dur=1.2, decode;dur=0.4, ..., total;dur=11.6`.
+        """`Server-Timing` value, in milliseconds: `queue;dur=1.2, decode;dur=0.4, ..., total;dur=11.6`
+        (then `wide;desc="2 threads"` when an inference ran on the model's idle workers' cores too).
 
         `total`: the request's total as taken when its reply left the app (default: now).
         """
@@ -147,4 +150,6 @@ class RequestTimer:
             total = self.total()
         parts = [f"{name};dur={secs * 1000:.2f}" for name, secs in self.breakdown().items()]
         parts.append(f"total;dur={total * 1000:.2f}")
+        if self.wide:  # a metric without a duration: how many threads the inference had
+            parts.append(f'wide;desc="{self.wide} threads"')
         return ", ".join(parts)

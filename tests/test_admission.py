@@ -13,6 +13,7 @@ from flask import Flask
 from onnxpool.config.loader import load_settings
 from onnxpool.server import request_start
 from onnxpool.server.app import create_app
+from onnxpool.server.backend import NoBoard
 from onnxpool.server.request_start import parse_request_start, seconds_since
 from onnxpool.server.v2codec import encode_infer_request
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
@@ -53,7 +54,7 @@ def _ago(seconds: float) -> str:
     return f"t={time.time() - seconds:.3f}"
 
 
-class EchoBackend:
+class EchoBackend(NoBoard):
     """A model without onnxruntime: its output is its input."""
 
     ready = True

@@ -147,7 +147,11 @@ def host_file(folder: Path, extra: str = "") -> Path:
         '[caller.limited]\nrate = 1\n\n[caller.irisonly]\nmodels = ["iris"]\n\n[caller.capped]\nconcurrency = 1\n\n'
         f"{extra}"
     )
-    slow = f'[models.slow]\npath = "{model}"\ntask = "tensors"\nwarmup_runs = 1\n{two_workers(1.0)}'
+    # wide_threads off: these tests count workers shared between callers; a lone caller's wide runs
+    # (on the idle worker's core too, workers/wide.py) would blur "a caller alone has one worker".
+    slow = (
+        f'[models.slow]\npath = "{model}"\ntask = "tensors"\nwarmup_runs = 1\nwide_threads = "off"\n{two_workers(1.0)}'
+    )
     return write_settings(
         folder / "host.toml",
         callers,

@@ -21,6 +21,7 @@ from onnxpool.cache.policy import prepare
 from onnxpool.config.loader import load_settings
 from onnxpool.server import gates
 from onnxpool.server.app import CachePlan, create_app, open_in_worker
+from onnxpool.server.backend import NoBoard
 from onnxpool.server.request_state import RequestState
 from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
@@ -32,7 +33,7 @@ BOUNDARY = "hit-path-test"
 PER_REQUEST = {"X-Request-ID", "Server-Timing", "X-Cache"}
 
 
-class StubBackend:
+class StubBackend(NoBoard):
     """Fixed logits for any batch: the HTTP layer is under test, not the model."""
 
     ready = True

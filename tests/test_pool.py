@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,8 +99,10 @@ def test_workers_pinned_to_disjoint_shares_with_one_thread_each(server: Server) 
     runtime_threads = threads_started_by_importing_onnxruntime()
     for pid, share in by_worker.items():
         # intra-op threads = share size: with 1 thread onnxruntime runs on the caller's thread,
-        # so a sync worker has its main thread plus what importing onnxruntime starts, no pool.
-        assert int(proc_status(pid)["Threads"]) == 1 + runtime_threads + len(share) - 1
+        # so a sync worker has its main thread plus what importing onnxruntime starts, no pool;
+        # its wide session ([model] wide_threads, workers/wide.py) has a pool thread per other worker.
+        wide = int(re.search(rf"pid={pid} .* wide=(\d+) threads", server.log()).group(1))  # type: ignore[union-attr]
+        assert int(proc_status(pid)["Threads"]) == 1 + runtime_threads + len(share) - 1 + wide - 1
         assert f"pid={pid} cores={','.join(map(str, sorted(share)))} threads={len(share)}" in server.log()
 
 

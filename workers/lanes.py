@@ -14,8 +14,10 @@ long for a caller below its share that was just answered. Without it, a caller o
 would find every worker busy with the flood each time it came back.
 
 The workers of one pool share a `Board` (anonymous shared memory made by the master before it
-forks): which lane each worker is serving, and when each lane was last answered. Every field has
-one writer at a time (a worker its seat; a lane's time is the latest of its writers'), so no lock.
+forks): which lane each worker is serving, when each lane was last answered, and whether each
+worker is working on a request (`working`, whatever its transport or lane: workers/wide.py lends a
+lone request the idle workers' cores by it). Every field has one writer at a time (a worker its
+seat; a lane's time is the latest of its writers'), so no lock.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 MAX_SEATS = 256
 """Workers of one pool alive at once (a HUP briefly runs two generations)."""
 MAX_LANES = 65
@@ -35,16 +39,19 @@ IDLE = -1
 
 
 class Board:
-    """Which lane each worker serves, and when each lane was last answered (shared by a pool's workers)."""
+    """Which lane each worker serves, when each lane was last answered, who is working (shared by a pool's workers)."""
 
     def __init__(self) -> None:
         seats = ctypes.sizeof(ctypes.c_int64) * MAX_SEATS
         times = ctypes.sizeof(ctypes.c_double) * MAX_LANES
         # MAP_SHARED | MAP_ANONYMOUS: the same pages in the master and every worker it forks.
-        self._memory = mmap.mmap(-1, seats + 2 * times)
+        self._memory = mmap.mmap(-1, 2 * seats + 2 * times)
         self.serving = (ctypes.c_int64 * MAX_SEATS).from_buffer(self._memory)
         self.answered = (ctypes.c_double * MAX_LANES).from_buffer(self._memory, seats)
         self.taken = (ctypes.c_double * MAX_LANES).from_buffer(self._memory, seats + times)
+        # A seat's depth of work (requests and inferences in progress; 0: idle). A numpy view, so
+        # that counting the working seats on every inference is one vectorised pass, not 256 reads.
+        self.working = np.frombuffer(self._memory, dtype=np.int64, count=MAX_SEATS, offset=seats + 2 * times)
         for seat in range(MAX_SEATS):
             self.serving[seat] = IDLE
 
@@ -70,13 +77,15 @@ class Seats:
         seat = next(seat for seat in range(MAX_SEATS) if seat not in taken)
         self._holders[worker_id] = seat
         self.board.serving[seat] = IDLE
+        self.board.working[seat] = 0
         return seat
 
     def release(self, worker_id: int) -> None:
-        """A worker exited (or was killed): it serves no lane any more."""
+        """A worker exited (or was killed): it serves no lane and works on nothing any more."""
         seat = self._holders.pop(worker_id, None)
         if seat is not None:
             self.board.serving[seat] = IDLE
+            self.board.working[seat] = 0
 
 
 class Times(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -20,6 +21,7 @@ import numpy as np
 from onnxpool.workers.cpu_fit import METADATA_PREFIX
 from onnxpool.workers.memory import MB, anonymous_bytes, trim_heap
 from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
+from onnxpool.workers.wide import LENT_NICE, Seat, WidePlan, lower_priority, thread_ids
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -106,6 +108,26 @@ def build_session(
     return _session(model_path, _options(intra_op_threads, spin, optimization, prepacking))
 
 
+def build_wide_session(
+    model_path: Path, plan: WidePlan, optimization: str, prepacking: bool, lent_nice: int = LENT_NICE
+) -> ort.InferenceSession:
+    """The worker's wide session (workers/wide.py): `plan.threads` intra-op threads on the plan's cores.
+
+    Its threads spin within a run and stop when it ends. Measured on the 2-core dev VM
+    (docs/BENCHMARKS.md): spinning within the run is 1.1-1.3x faster than not (the image
+    model: 2.7 ms against 3.3-4.3 ms, one core 4.7-4.9 ms), and without the stop a spinning
+    thread kept burning ~32 ms of CPU per 200 ms after each run, on another worker's core.
+    """
+    options = _options(plan.threads, True, optimization, prepacking)
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    if plan.affinities:
+        options.add_session_config_entry("session.intra_op_thread_affinities", plan.affinities)
+    before = thread_ids()
+    session = _session(model_path, options)  # its pool threads are made here
+    lower_priority(thread_ids() - before, lent_nice)  # they run on lent cores (workers/wide.py, LENT_NICE)
+    return session
+
+
 # The served copy (docs/ARCHITECTURE.md, "one copy of the weights per host"): every
 # initializer of at least this many bytes goes to the data file, which onnxruntime maps
 # instead of reading, so the workers of a host share its pages. Smaller ones stay in the
@@ -149,10 +171,12 @@ class WarmupReport:
 
     load_seconds: float
     run_seconds: tuple[float, ...]
+    wide_run_seconds: tuple[float, ...] = ()
+    """The wide session's warm-up runs (workers/wide.py; none without one)."""
 
     @property
     def total_seconds(self) -> float:
-        return self.load_seconds + sum(self.run_seconds)
+        return self.load_seconds + sum(self.run_seconds) + sum(self.wide_run_seconds)
 
 
 def warmup_feeds(info: ModelInfo) -> dict[str, np.ndarray] | None:
@@ -217,6 +241,10 @@ class SessionRuntime:
         self._run_options: ort.RunOptions | None = None
         self._shrink: ort.RunOptions | None = None
         self._idle_feeds: dict[str, np.ndarray] | None = None
+        self._wide: ort.InferenceSession | None = None
+        self._seat: Seat | None = None
+        self.last_wide = 0
+        """The threads of this process's latest run if it was wide (workers/wide.py), else 0."""
         self._ran = False
         """A run since the last `give_back`: a reply that ran nothing (a shed 503, a 4xx) skips the check."""
 
@@ -232,23 +260,27 @@ class SessionRuntime:
         memory_arena: ArenaMode = "keep",
         headroom_mb: int = 64,
         prepacking: bool = True,
+        seat: Seat | None = None,
     ) -> WarmupReport:
-        """Build the session and warm it up; the runtime is ready when this returns."""
+        """Build the session (and with `seat.plan`, the wide one) and warm it up; ready when this returns."""
         import onnxruntime as ort  # in the worker, after fork (module comment above)
 
         start = time.perf_counter()
         session = build_session(model_path, intra_op_threads, spin, optimization, prepacking)
+        plan = seat.plan if seat is not None else None
+        wide = build_wide_session(model_path, plan, optimization, prepacking) if plan is not None else None
         load_seconds = time.perf_counter() - start
         runs = warm_up(session, warmup_runs, heartbeat)
+        wide_runs = warm_up(wide, warmup_runs, heartbeat) if wide is not None else []
         info = model_info_of(session)
         shrink = ort.RunOptions()
         shrink.add_run_config_entry(*SHRINK_ARENA)
         with self._lock:
-            self._session, self._info = session, info
+            self._session, self._info, self._wide, self._seat = session, info, wide, seat
             self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, warmup_feeds(info)
             self._run_options = shrink if memory_arena == "release" else None
             self.intra_op_threads = intra_op_threads
-            self.warmup = WarmupReport(load_seconds, tuple(runs))
+            self.warmup = WarmupReport(load_seconds, tuple(runs), tuple(wide_runs))
             if memory_arena == "release":
                 trim_heap()
             self.headroom = headroom_mb * MB
@@ -279,10 +311,37 @@ class SessionRuntime:
         if session is None or info is None:
             raise RuntimeError("model is not loaded in this process")
         names = list(output_names) if output_names else [o.name for o in info.outputs]
-        with self._lock:
-            self._ran = True
-            results = session.run(names, dict(feeds), self._run_options)
+        seat, wide = self._seat, self._wide
+        with self.occupied():  # marked before the choice: two workers choosing at once both stay narrow
+            threads = seat.threads() if seat is not None and wide is not None else 0
+            if wide is not None and threads:
+                session = wide
+            with self._lock:
+                self._ran = True
+                self.last_wide = threads
+                results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
+
+    def request_began(self, queued: bool = False) -> None:
+        """The transport took a request (gunicorn's pre_request): marked working until `request_ended`.
+
+        Wider than the data plane's mark: it covers the reply's writing too, so a worker between
+        two requests under load looks idle only while it accepts and parses the next one.
+        `queued`: more connections were waiting when it began; this worker runs it narrow.
+        """
+        if self._seat is not None:
+            self._seat.enter(queued)
+
+    def request_ended(self, queued: bool = False) -> None:
+        if self._seat is not None:
+            self._seat.leave(queued)
+
+    def occupied(self) -> AbstractContextManager[None]:
+        """Mark this worker working on the pool's board for the block (a request, an inference).
+
+        While it is marked, no other worker of the model starts a wide run on its cores.
+        """
+        return self._seat.working() if self._seat is not None else nullcontext()
 
     def give_back(self) -> None:
         """After a request (post_request, once its arrays are gone): bound what the load leaves behind.
@@ -308,7 +367,9 @@ class SessionRuntime:
             if anonymous_bytes() <= self.limit:
                 return
             if self._idle_feeds is not None:
-                session.run(None, self._idle_feeds, self._shrink)
+                for each in (session, self._wide):  # each session has an arena of its own
+                    if each is not None:
+                        each.run(None, self._idle_feeds, self._shrink)
             else:  # string inputs: no run of our own; every run shrinks the arena from now on
                 self._run_options = self._shrink
             trim_heap()

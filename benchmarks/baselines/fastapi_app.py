@@ -10,7 +10,10 @@ deliberately ordinary, with the same preprocessing as config/onnxpool.toml
 
 Run: uvicorn benchmarks.baselines.fastapi_app:app --workers 2 --host 127.0.0.1 --port 8001
 (needs `pip install 'onnxpool[baseline]'`). BASELINE_MODEL / BASELINE_LABELS
-environment variables point it at another model.
+environment variables point it at another model. BASELINE_TEXT_MODEL (models/minilm/model.onnx,
+`make minilm`) adds an OpenAI-style POST /v1/embeddings on it, as ordinary: a default session,
+the model folder's tokenizer (cut at 256 tokens, padded to the longest), mean pooling, L2 norm.
+The same routes in one process, run in FastAPI's thread pool: `fastapi_threadpool.py`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from fastapi import FastAPI, File, HTTPException, UploadFile
+from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from PIL import Image
+from tokenizers import Tokenizer
+
+from benchmarks.baselines.openai_reply import embeddings_reply, texts_of
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path(os.environ.get("BASELINE_MODEL", ROOT / "models" / "efficientnet-lite0" / "model.onnx"))
@@ -32,6 +38,12 @@ app = FastAPI(title="baseline classifier")
 session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
 input_name = session.get_inputs()[0].name
 labels = LABELS.read_text(encoding="utf-8").splitlines()
+TEXT_MODEL = os.environ.get("BASELINE_TEXT_MODEL", "")
+text_session = ort.InferenceSession(TEXT_MODEL, providers=["CPUExecutionProvider"]) if TEXT_MODEL else None
+tokenizer = Tokenizer.from_file(str(Path(TEXT_MODEL).with_name("tokenizer.json"))) if TEXT_MODEL else None
+if tokenizer is not None:
+    tokenizer.enable_truncation(256)
+    tokenizer.enable_padding()
 
 
 def preprocess(data: bytes) -> np.ndarray:
@@ -51,9 +63,8 @@ def health() -> dict[str, bool]:
     return {"ok": True}
 
 
-@app.post("/predict")
-async def predict(image: UploadFile = File(...), top_k: int = 5) -> dict[str, object]:  # noqa: B008
-    data = await image.read()
+def classify(data: bytes, top_k: int) -> dict[str, object]:
+    """The reply to one uploaded image."""
     try:
         batch = preprocess(data)
     except Exception as exc:
@@ -63,3 +74,27 @@ async def predict(image: UploadFile = File(...), top_k: int = 5) -> dict[str, ob
     scores /= scores.sum()
     best = np.argsort(scores)[::-1][:top_k]
     return {"predictions": [[{"label": labels[i], "index": int(i), "score": float(scores[i])} for i in best]]}
+
+
+def embed(payload: dict[str, object]) -> dict[str, object]:
+    """The OpenAI-style reply to one embeddings request (BASELINE_TEXT_MODEL)."""
+    if text_session is None or tokenizer is None:
+        raise HTTPException(status_code=404, detail="no text model (BASELINE_TEXT_MODEL)")
+    encoded = tokenizer.encode_batch(texts_of(payload))
+    ids = np.array([e.ids for e in encoded], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+    hidden = text_session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+    weights = mask[..., np.newaxis].astype(np.float32)
+    pooled = (hidden[0] * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+    vectors = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+    return embeddings_reply(payload, vectors, int(mask.sum()))
+
+
+@app.post("/predict")
+async def predict(image: UploadFile = File(...), top_k: int = 5) -> dict[str, object]:  # noqa: B008
+    return classify(await image.read(), top_k)
+
+
+@app.post("/v1/embeddings")
+async def embeddings(request: Request) -> dict[str, object]:
+    return embed(await request.json())

@@ -16,17 +16,17 @@ Run: HF_HUB_OFFLINE=1 uvicorn benchmarks.baselines.st_fastapi:app --workers 2 --
 
 from __future__ import annotations
 
-import base64
 import os
 import tempfile
 import zipfile
 from typing import Any
 
 import all_minilm_l6_v2
-import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from sentence_transformers import SentenceTransformer
+
+from benchmarks.baselines.openai_reply import embeddings_reply, texts_of
 
 if os.environ.get("ST_TORCH_THREADS"):
     torch.set_num_threads(int(os.environ["ST_TORCH_THREADS"]))
@@ -45,17 +45,7 @@ async def health() -> dict[str, bool]:
 @app.post("/v1/embeddings")
 async def embeddings(request: Request) -> dict[str, Any]:
     payload = await request.json()
-    texts = payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
+    texts = texts_of(payload)
     vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
-    as_base64 = payload.get("encoding_format") == "base64"
-    data = [
-        {
-            "object": "embedding",
-            "index": i,
-            "embedding": base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() if as_base64 else v.tolist(),
-        }
-        for i, v in enumerate(vectors)
-    ]
     tokens = int(sum(len(ids) for ids in model.tokenizer(texts)["input_ids"]))
-    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return {"object": "list", "data": data, "model": payload.get("model", ""), "usage": usage}
+    return embeddings_reply(payload, vectors, tokens)
