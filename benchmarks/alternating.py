@@ -8,9 +8,11 @@ other round in the reverse order (A B, B A, ...), so drift falls on both sides a
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from onnxpool.measure.httpbench import BenchOptions, run_bench
@@ -54,14 +56,51 @@ def alternating_rounds(sides: Mapping[str, Callable[[], float]], rounds: int, la
     return rates
 
 
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+"""Student's t, two-sided 95 %, for 1..15 degrees of freedom (past them 2.0, a little wide)."""
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """new/old from rounds measured side by side: the geometric mean of each round's ratio and its 95 % interval.
+
+    Two sides of one round are measured seconds apart, so the machine's drift (10-25 % within
+    minutes) cancels within a round but not between rounds: the per-round ratio is the sample,
+    not each side's median (which mixes rounds measured in different minutes).
+    """
+
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+
+    def describe(self) -> str:
+        return f"{self.ratio:.3f}x (95 % {self.low:.3f}-{self.high:.3f}, {self.rounds} rounds)"
+
+
+def paired_ratio(new: Sequence[float], old: Sequence[float]) -> PairedRatio:
+    """new[i]/old[i] over the rounds, combined in log space (a ratio's natural scale)."""
+    logs = [math.log(n / o) for n, o in zip(new, old, strict=True) if n > 0 and o > 0]
+    if not logs:
+        raise ValueError("no round with both sides measured")
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return PairedRatio(math.exp(mean), math.nan, math.nan, len(logs))
+    t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 2.0
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return PairedRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
+
+
 def old_and_new(measured: Sequence[tuple[str, Mapping[str, list[float]]]], **head: Any) -> dict[str, Any]:
-    """Each measure's rounds, each side's median and the new/old ratio of medians (1.00 = no change)."""
+    """Each measure's rounds, each side's median, the new/old ratio of medians (1.00 = no change) and the paired one."""
     result: dict[str, Any] = dict(head)
     for label, values in measured:
         medians = {name: statistics.median(v) for name, v in values.items()}
+        paired = paired_ratio(values["new"], values["old"])
         result[label] = {
             "per_round": {name: [round(x, 3) for x in v] for name, v in values.items()},
             "median": {name: round(m, 3) for name, m in medians.items()},
             "new_over_old": round(medians["new"] / medians["old"], 3),
+            "paired": {"ratio": round(paired.ratio, 4), "ci95": [round(paired.low, 4), round(paired.high, 4)]},
         }
     return result

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ import numpy as np
 
 from benchmarks.output import emit
 from onnxpool.config.loader import DEFAULT_CONFIG_FILE
-from onnxpool.measure.servers import MODEL_NAME, Server, children_of, free_port, start_server
+from onnxpool.measure.servers import MODEL_NAME, Server, children_of, cpu_seconds, free_port, start_server
 
 TRANSPORTS = ("grpc", "rest")
 IRIS_CONFIG = DEFAULT_CONFIG_FILE.parent / "iris.toml"
@@ -137,18 +136,6 @@ def _client_process(args: tuple[str, Target, int, int, float]) -> tuple[int, int
     return answers, failed, latencies, usage.ru_utime + usage.ru_stime - used.ru_utime - used.ru_stime
 
 
-def _cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of these processes (ticks -> seconds); a process gone meanwhile counts 0."""
-    ticks = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def measure(
     transport: str, target: Target, concurrency: int, seconds: float, server: Server, cell: Cell, warmup: float
 ) -> float:
@@ -161,13 +148,13 @@ def measure(
         if warmup > 0:  # connect and warm the clients up, unmeasured
             until = time.monotonic() + warmup
             pool.map(_client_process, [(transport, target, 1000 + k, 1, until) for k in range(processes)])
-        before = _cpu_seconds(pids)
+        before = cpu_seconds(pids)
         start = time.monotonic()
         until = start + seconds
         jobs = [(transport, target, 100 * k, threads, until) for k, threads in enumerate(per_process)]
         results = pool.map(_client_process, jobs)
         elapsed = time.monotonic() - start
-        cell.server_cpu += _cpu_seconds(pids) - before
+        cell.server_cpu += cpu_seconds(pids) - before
     answers = sum(r[0] for r in results)
     cell.answers += answers
     cell.failed += sum(r[1] for r in results)

@@ -14,7 +14,6 @@ own CPU per call is read from /proc.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from onnxpool.measure.servers import cpu_seconds
 from tests.harness import free_port
 from tests.host_harness import (
     IMAGE_MODEL,
@@ -36,8 +36,6 @@ from tests.host_harness import (
     start_host,
     write_settings,
 )
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -89,11 +87,6 @@ def parallel(address: str, model: str, clients: int, seconds: float) -> float:
         return sum(pool.map(lambda _: loop(), range(clients))) / seconds
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -126,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                 routed_calls = 0
                 for round_no in range(args.rounds):
                     for name, address in (("router", router), ("direct", direct[model])):
-                        before = cpu_seconds(router_pid)
+                        before = cpu_seconds([router_pid])
                         sides[name].latencies += sequential(address, model, calls)
                         sides[name].rates.append(parallel(address, model, args.clients, args.seconds))
                         if name == "router":
-                            cpu += cpu_seconds(router_pid) - before
+                            cpu += cpu_seconds([router_pid]) - before
                             routed_calls += calls + 20 + int(sides[name].rates[-1] * args.seconds)
                     print(f"{model}: round {round_no + 1}/{args.rounds}", file=sys.stderr)
                 p50 = {name: statistics.median(side.latencies) * 1e6 for name, side in sides.items()}

@@ -464,7 +464,9 @@ def post_fork(server: Any, worker: Any) -> None:
     model = s.settings.model
     # A wide session beside the narrow one: its threads on the other workers' cores (workers/wide.py).
     wide = plan_wide(layout, model.wide_threads, slot)
-    seat = Seat(s.pool.seats.board, getattr(worker, SEAT_ATTRIBUTE), wide)
+    # No plan here means none in any worker of the model (same layout, same setting): nobody reads
+    # the board's marks, so none are made (a seat, a select on the listeners per request).
+    seat = Seat(s.pool.seats.board, getattr(worker, SEAT_ATTRIBUTE), wide) if wide is not None else None
     report = RUNTIME.load(
         s.generation.model_file,
         intra_op_threads=layout.share_size,
@@ -538,7 +540,7 @@ def _serve_grpc(s: Serving, worker: Any) -> None:
     def answered(call: Callable[[], Any], queued: Callable[[], bool] = lambda: False) -> Any:
         # What pre_request and post_request do around an HTTP request: working on the board (wide
         # runs: narrow when more is waiting), then the memory checks after the reply.
-        waiting = queued()
+        waiting = queued() if RUNTIME.runs_wide else False
         RUNTIME.request_began(waiting)
         try:
             return call()
@@ -756,6 +758,8 @@ def pre_request(worker: Any, req: Any) -> None:
     connections are waiting: under load a request then runs narrow even in the moment the other
     workers are between two requests and look idle on the board.
     """
+    if not RUNTIME.runs_wide:
+        return  # no wide runs in this pool: nothing to mark
     queued = _connections_waiting(worker)
     setattr(req, QUEUED_ATTRIBUTE, queued)
     RUNTIME.request_began(queued)

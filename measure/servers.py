@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +68,18 @@ def children_of(pid: int) -> list[int]:
             with contextlib.suppress(FileNotFoundError):
                 kids.extend(int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
     return sorted(kids)
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """utime + stime of these processes so far (/proc/<pid>/stat, ticks -> seconds); one gone meanwhile counts 0."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def proc_status(pid: int) -> dict[str, str]:

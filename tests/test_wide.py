@@ -74,7 +74,7 @@ def test_a_seat_marks_itself_on_the_shared_board_and_the_master_clears_it() -> N
     mine, other = Seat(board, seats.acquire(1), WidePlan(2, (0, 1))), Seat(board, seats.acquire(2), None)
     assert mine.threads() == 2
     with other.working(), other.working():  # a request, and its inference inside it
-        assert board.working[other.seat] == 2 and mine.threads() == 0
+        assert board.working[other.seat] == 1 and mine.threads() == 0  # marked once, however deep
         with mine.working():
             assert mine.threads() == 0
     assert board.working[other.seat] == 0 and mine.threads() == 2

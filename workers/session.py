@@ -322,6 +322,11 @@ class SessionRuntime:
                 results = session.run(names, dict(feeds), self._run_options)
         return dict(zip(names, results, strict=True))
 
+    @property
+    def runs_wide(self) -> bool:
+        """This worker has a wide session, and so a seat whose marks the model's other workers read."""
+        return self._seat is not None
+
     def request_began(self, queued: bool = False) -> None:
         """The transport took a request (gunicorn's pre_request): marked working until `request_ended`.
 

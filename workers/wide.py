@@ -132,22 +132,33 @@ class Seat:
         self.seat = seat
         self.plan = plan
         # One process writes its seat, but a gthread worker's request threads may do it at once: a
-        # read-modify-write of shared memory is not atomic, and a lost update would leave the seat
-        # marked for good (no other worker would run wide again).
+        # read-modify-write that loses an update would leave the seat marked for good (no other
+        # worker would run wide again), or clear it while a request still runs.
         self._lock = threading.Lock()
+        self._depth = 0
+        """Blocks of work in progress here (a request, the inference inside it); the board says only 0 or 1."""
         self._queued = 0
         """Requests in progress here that found others waiting behind them: no wide run meanwhile."""
 
     def enter(self, queued: bool = False) -> None:
-        """One more block of work in progress here (a request, an inference); `queued`: others wait behind it."""
+        """One more block of work in progress here (a request, an inference); `queued`: others wait behind it.
+
+        The shared page is written only when the depth goes 0 -> 1 (and 1 -> 0 in `leave`): the
+        nested marks of one request (transport, data plane, inference) then cost a lock and an
+        integer each, and the line of the board the other workers read changes twice a request.
+        """
         with self._lock:
-            self.board.working[self.seat] += 1
+            self._depth += 1
             self._queued += queued
+            if self._depth == 1:
+                self.board.working[self.seat] = 1
 
     def leave(self, queued: bool = False) -> None:
         with self._lock:
-            self.board.working[self.seat] -= 1
+            self._depth -= 1
             self._queued -= queued
+            if self._depth == 0:
+                self.board.working[self.seat] = 0
 
     @contextmanager
     def working(self) -> Iterator[None]:
