@@ -18,12 +18,23 @@ round (benchmarks/alternating.py: this machine drifts 10-25 % within minutes):
   - fastapi-1p: FastAPI in one process, the same default session run in FastAPI's thread pool
     (benchmarks/baselines/fastapi_threadpool.py).
 Workloads: `/predict` with the cat photo; `/v1/embeddings` on MiniLM with one short sentence per
-request (benchmarks.text_sentences, cut at 256 tokens) and with one 254-token input per request.
+request (benchmarks.text_sentences in a fixed shuffled order, `spread_sentences`; cut at 256
+tokens) and with one 254-token input per request.
 At each concurrency (closed loop, keep-alive connections, onnxpool.measure.loadgen): a drained
 warm-up, then a lead-in and the window. Per cell: answers/s, p50, p99 and the server's CPU per answer
 (its processes' utime + stime from /proc: unlike answers/s it does not move with the scheduler); for onnxpool also the
 share of its inferences that ran wide (its /metrics before and after the cell). The full run is
 cells x (warm-up + lead-in + duration): 48 cells at the defaults, about 6.5 minutes plus the starts.
+
+Two sides of one round are measured seconds apart, rounds minutes apart: the table's "paired"
+ratio is the geometric mean of the per-round ratios to main, with a 95 % interval
+(benchmarks.alternating.paired_ratio). This machine's answers/s still move 5-10 % between two
+cells of one round. `--together` loads onnxpool and main at the same time instead, each with its
+own generator: the kernel shares the cores between the two servers' sessions, whatever slows the
+machine slows both, and the ratio says within about 1 % what an answer costs one against the
+other (the quantity per-request work moves); it is not a throughput of either alone.
+`--servers` picks some of the four, `--new-env KEY=VALUE` sets this checkout's server only
+(`ONNXPOOL_MODEL__WIDE_THREADS=off`: what the wide session and its marks cost).
 """
 
 from __future__ import annotations

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 
+from onnxpool import hooks
 from onnxpool.config.loader import ConfigError, load_settings
 from onnxpool.workers.cores import CpuAllowance, plan_layout
 from onnxpool.workers.lanes import Board, Seats
+from onnxpool.workers.session import SessionRuntime
 from onnxpool.workers.wide import LENT_NICE, Seat, WidePlan, choose_threads, describe_setting, plan_wide, wide_threads
 from tests.harness import Server, proc_status, running_server
 from tests.slow_model import build_slow_model, infer_body, server_settings
@@ -85,6 +88,20 @@ def test_a_seat_marks_itself_on_the_shared_board_and_the_master_clears_it() -> N
     board.working[other.seat] = 1  # a worker killed mid-request...
     seats.release(2)  # ...is cleared by the master's child_exit
     assert mine.threads() == 2
+
+
+class ListenersNotToBeRead:
+    @property
+    def sockets(self) -> list[object]:
+        raise AssertionError("pre_request looked at the listen queues")
+
+
+def test_no_marks_and_no_select_where_no_worker_runs_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = SessionRuntime()  # loaded without a seat: wide_threads off, one worker, no wider share
+    monkeypatch.setattr(hooks, "RUNTIME", runtime)
+    request = SimpleNamespace()
+    hooks.pre_request(ListenersNotToBeRead(), request)
+    assert not runtime.runs_wide and not hasattr(request, hooks.QUEUED_ATTRIBUTE)
 
 
 # --- the setting ----------------------------------------------------------------------------------
