@@ -49,7 +49,7 @@ class Board:
         self.serving = (ctypes.c_int64 * MAX_SEATS).from_buffer(self._memory)
         self.answered = (ctypes.c_double * MAX_LANES).from_buffer(self._memory, seats)
         self.taken = (ctypes.c_double * MAX_LANES).from_buffer(self._memory, seats + times)
-        # A seat's depth of work (requests and inferences in progress; 0: idle). A numpy view, so
+        # 1 while a seat's worker has work in progress (its Seat counts the nesting), 0 idle. A numpy view, so
         # that counting the working seats on every inference is one vectorised pass, not 256 reads.
         self.working = np.frombuffer(self._memory, dtype=np.int64, count=MAX_SEATS, offset=seats + 2 * times)
         for seat in range(MAX_SEATS):
