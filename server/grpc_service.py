@@ -10,7 +10,7 @@ and its response cache, exactly as a REST request would. The call's metadata are
 that waited past `[limits] max_queue_ms` (or its own deadline) for the worker is shed as a
 REST request is. The REST reply's status becomes the call's code and its error the message
 (`STATUS_CODES`); `x-request-id`, `server-timing`, `traceparent` and `retry-after` go back as
-trailing metadata.
+trailing metadata, and a `retry-after` also as gRPC's `grpc-retry-pushback-ms`.
 
 ModelInfer runs the model, so it is handed to the worker's main thread (`run_in_worker`:
 `workers.handoff`), one at a time with the HTTP requests; the other calls read metadata and
@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from onnxpool.server import admission, request_id, request_start
+from onnxpool.server import admission, request_start
 from onnxpool.server.grpc_codec import infer_response, rest_body, tensor_metadata
+from onnxpool.server.grpc_metadata import reply_metadata, request_headers
 from onnxpool.server.grpc_proto import grpc_service_pb2 as pb
 from onnxpool.server.grpc_proto import grpc_service_pb2_grpc as pb_grpc
 from onnxpool.server.grpc_proto import model_config_pb2 as config_pb
@@ -59,10 +60,6 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
 }
 """A REST status -> the gRPC code a Triton or KServe client expects for the same refusal."""
 
-# Metadata that is gRPC's own (or HTTP/2's), never a request header of the app's.
-_TRANSPORT_METADATA = ("content-type", "te", "grpc-", ":")
-# Reply headers that go back to the caller as trailing metadata.
-_REPLY_METADATA = (request_id.HEADER.lower(), "server-timing", "traceparent", "retry-after", "www-authenticate")
 
 RunInWorker = Callable[[Callable[[], Any], "WSGIEnvironment"], Any]
 """Runs a call's request (the environ is the call's: its caller's lane is read from it) in the worker."""
@@ -144,10 +141,7 @@ def environ_for(
         environ["CONTENT_TYPE"] = "application/octet-stream" if header_length is not None else "application/json"
     if header_length is not None:
         environ["HTTP_" + BINARY_HEADER.upper().replace("-", "_")] = str(header_length)
-    for key, value in context.invocation_metadata():
-        if key.startswith(_TRANSPORT_METADATA) or key.endswith("-bin"):
-            continue
-        environ["HTTP_" + key.upper().replace("-", "_")] = value
+    environ.update(request_headers(context.invocation_metadata()))
     # The moment the call reached this worker, unless a proxy (onnxpool's nginx) stamped it earlier.
     environ.setdefault(request_start.ENVIRON_KEY, f"t={arrived:.6f}")
     remaining = context.time_remaining()
@@ -255,7 +249,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[mi
         """The reply's metadata to the caller; a status not in `ok` ends the call with its code and message.
         Every call's reply passes here, so here it waits while the server stops (`before_reply`)."""
         self.before_reply()
-        trailing = tuple((name, reply.headers[name]) for name in _REPLY_METADATA if name in reply.headers)
+        trailing = reply_metadata(reply.headers)
         if trailing:
             context.set_trailing_metadata(trailing)
         if reply.status not in ok:

@@ -422,6 +422,24 @@ def test_shed_calls_and_a_call_in_flight_during_sigterm(tmp_path: Path) -> None:
                 client.infer("slow", slow_request(1), client_timeout=0.2)
             busy.join(30)
         assert late.value.status() in ("StatusCode.DEADLINE_EXCEEDED", "StatusCode.UNAVAILABLE")
+        # A shed call says when to come back as gRPC's pushback too, which a retrying client obeys.
+        tensor, contents = service_pb2.ModelInferRequest.InferInputTensor, service_pb2.InferTensorContents
+        request = service_pb2.ModelInferRequest(
+            model_name="slow",
+            inputs=[
+                tensor(name="n", datatype="INT64", shape=[1], contents=contents(int64_contents=[1])),
+                tensor(name="x", datatype="FP32", shape=[1], contents=contents(fp32_contents=[0])),
+            ],
+        )
+        with tgrpc.InferenceServerClient(address) as client, grpc.insecure_channel(address) as channel:
+            busy = threading.Thread(target=lambda: client.infer("slow", slow_request(SLOW_ITERATIONS * 10)))
+            busy.start()
+            time.sleep(0.1)
+            with pytest.raises(grpc.RpcError) as shed_call:
+                service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+            busy.join(30)
+        assert shed_call.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ("grpc-retry-pushback-ms", "1000") in [tuple(m) for m in shed_call.value.trailing_metadata()]
 
         # SIGTERM while a call is in flight (~1 s of inference): it finishes, then the server exits.
         result: list[object] = []
