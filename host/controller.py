@@ -94,6 +94,7 @@ from onnxpool.host.state import (
     pool_error_file,
     pool_socket,
     read_pool_error,
+    read_pool_reloads,
     write_host,
 )
 from onnxpool.host.supervisor import (
@@ -157,6 +158,9 @@ class Model(WatchedPool):
     reload_pending: bool = False
     """A HUP came while its pool was starting (a gunicorn master that is still loading dies of a HUP):
     it gets its HUP once it answers ready."""
+    hup_from: int | None = None
+    """How many HUPs its pool master had ended when the host sent it one (None: no HUP of the host's in
+    flight). nginx is reloaded once the count passed it: the pool's new workers answer by then."""
     gave_up: int = 0
     """How many times in a row supervisord gave up on its pool (the host's back-off, RETRY_SECONDS)."""
     retry_at: float = 0.0
@@ -394,6 +398,10 @@ class Host:
                         changed |= set_state(model, LOADING, "")
                 else:
                     follow_routes(self.run.path, model)  # a HUP replaced its task: nginx follows its routes
+            if model.hup_from is not None and (
+                model.ready_pid != pid or read_pool_reloads(self.run.path, name) > model.hup_from
+            ):
+                model.hup_from = None  # its HUP ended; or it is not the master that got it (LOADING covers that)
             elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
                 changed |= self._failed(model, statename)
         return changed
@@ -616,8 +624,9 @@ class Host:
         return None
 
     def _settle(self, starting: bool) -> bool:
-        """Watch until no model with a program is LOADING (each READY or UNAVAILABLE); False when a stop
-        was asked meanwhile. `starting`: a required model that fails stops the host (HostError)."""
+        """Watch until no model with a program is LOADING (each READY or UNAVAILABLE) or in a HUP of the
+        host's (`hup_from`); False when a stop was asked meanwhile. `starting`: a required model that fails
+        stops the host (HostError)."""
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
             if self._stop_requested():
@@ -630,7 +639,9 @@ class Host:
                 for model in self.models.values():
                     if model.state == UNAVAILABLE and model.required and model.has_program:
                         raise HostError(f"model {model.name}: {model.error or model.reason}")
-            waiting = [m.name for m in self.models.values() if m.has_program and m.state == LOADING]
+            waiting = [
+                m.name for m in self.models.values() if m.has_program and (m.state == LOADING or m.hup_from is not None)
+            ]
             if not waiting:
                 return True
             if time.monotonic() > deadline:
@@ -682,8 +693,10 @@ class Host:
             if model.has_program and name in old and old[name].has_program:
                 self._reload_pool(model, states.get(pool_program(name), {}))
         self.control.signal(ROUTES, "HUP")  # keys, docs and metrics settings
-        # One nginx reload per HUP, once the added models are ready (or failed): it routes to them and no
-        # longer to the removed ones, whose pools then finish what nginx already sent them and stop.
+        # One nginx reload per HUP, once the added models are ready (or failed) and the kept pools' HUPs ended
+        # (their new workers answer): it routes to the added models and no longer to the removed ones, whose
+        # pools then finish what nginx already sent them and stop; and nginx's callers and quotas change with
+        # the pools' keys, not before them.
         self._settle(starting=False)
         self._route()
         for name in removed:
@@ -701,6 +714,7 @@ class Host:
             log.info("reload: model %s: its pool re-reads the file (HUP)", model.name)
             pool_error_file(self.run.path, model.name).unlink(missing_ok=True)
             assert self.control is not None
+            model.hup_from = read_pool_reloads(self.run.path, model.name)  # read before the HUP it counts
             self.control.signal(pool_program(model.name), "HUP")
         elif statename in supervisor.RUNNING_STATES:
             model.reload_pending = True
@@ -732,7 +746,7 @@ class Host:
             self.control.remove(pool_program(name))
         shutil.rmtree(self.run.path / METRICS_DIR / name, ignore_errors=True)
         shutil.rmtree(self._pool_runs(name), ignore_errors=True)
-        for suffix in (".json", ".error"):
+        for suffix in (".json", ".error", ".reloads"):
             (self.run.path / POOLS_DIR / f"{name}{suffix}").unlink(missing_ok=True)
         self.priority.remove(name)
 

@@ -253,10 +253,15 @@ def clean_up(run_dir: Path, cgroup: Path | None, wait: float) -> None:
 
 
 def remove_cgroup_tree(folder: Path, deadline: float) -> None:
-    """rmdir the host's cgroup and its children (a cgroup folder goes once its processes have left)."""
-    if not folder.is_dir():
+    """rmdir the host's cgroup and its children (a cgroup folder goes once its processes have left).
+
+    The host and its janitor may both clean up at once (a SIGTERM while the models start): a folder the
+    other one removed between two steps is already done, not an error."""
+    try:
+        children = sorted((path for path in folder.iterdir() if path.is_dir()), reverse=True)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for child in sorted((path for path in folder.iterdir() if path.is_dir()), reverse=True):
+    for child in children:
         remove_cgroup_tree(child, deadline)
     while True:
         try:

@@ -168,6 +168,24 @@ def read_pool_error(folder: Path, name: str) -> str:
         return ""
 
 
+def pool_reloads_file(folder: Path, name: str) -> Path:
+    return folder / POOLS_DIR / f"{name}.reloads"
+
+
+def write_pool_reloads(folder: Path, name: str, reloads: int) -> None:
+    """The pool's master has ended its `reloads`-th HUP: new workers warm and the old ones gone (or the
+    file refused, or nothing in it changed this pool): what its workers answer is now the file's."""
+    write_json(pool_reloads_file(folder, name), {"reloads": reloads})
+
+
+def read_pool_reloads(folder: Path, name: str) -> int:
+    """How many HUPs `name`'s pool master has ended (0: none, or not written yet)."""
+    try:
+        return int(json.loads(pool_reloads_file(folder, name).read_text(encoding="utf-8"))["reloads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def pool_socket(folder: Path, name: str) -> str:
     return f"unix:{folder / POOLS_DIR / name}.sock"
 

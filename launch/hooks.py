@@ -58,7 +58,7 @@ from onnxpool.config.callers import CallerBook, caller_book_of, lane_addresses
 from onnxpool.config.loader import ENV_HOST_DIR, ENV_POOL, ConfigError, load_settings
 from onnxpool.config.settings import Settings
 from onnxpool.host.priority import apply_nice
-from onnxpool.host.state import pool_error_file, read_host, write_pool_description
+from onnxpool.host.state import pool_error_file, read_host, write_pool_description, write_pool_reloads
 from onnxpool.server.callers import lane_of
 from onnxpool.tasks.registry import build_task
 from onnxpool.workers.cores import Layout
@@ -650,14 +650,32 @@ def serve_on_when_unchanged(server: Any) -> None:
         return None if _unchanged else spawn()
 
     def reload_once() -> None:
-        global _unchanged
+        global _unchanged, _reloads
         try:
             reload()
         finally:
             _unchanged = False
+            _reloads += 1
+            _say_reloaded(_reloads)
 
     server.spawn_worker = spawn_worker
     server.reload = reload_once
+
+
+_reloads = 0
+"""HUPs this master has ended (gunicorn's `reload()` returned: the new workers warm, the old ones gone)."""
+
+
+def _say_reloaded(reloads: int) -> None:
+    """One model of several: tell the host this pool's HUP has ended. The host reloads nginx only then, so
+    nginx and the pool change together (an added API key is never let through by nginx to be refused by a
+    pool's old worker)."""
+    host, pool = host_dir(), os.environ.get(ENV_POOL, "")
+    if host is not None and pool:
+        try:
+            write_pool_reloads(host, pool, reloads)
+        except OSError as exc:  # the host waits for it at most its reload deadline, then goes on
+            log.warning("reload: cannot tell the host this reload ended: %s", exc)
 
 
 def _wait_until_warm(server: Any, workers: list[Any], limit: float) -> None:

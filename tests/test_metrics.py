@@ -94,12 +94,14 @@ def test_metrics_route_is_not_counted_and_labels_are_bounded(server: Server) -> 
 def test_phase_sums_add_up_to_the_total(server: Server) -> None:
     labels = {"endpoint": INFER_ROUTE, "model": MODEL_NAME}
     before = scrape(server)
+    reported_infer = 0.0  # seconds, as the replies' Server-Timing said (2 decimals of a millisecond)
     for _ in range(20):
         # As nginx sends it: t=<seconds.millis> when the proxy got the request.
         reply = post_infer(server, batch=2, headers={"X-Request-Start": f"t={time.time():.3f}"})
         timing = dict(re.findall(r"(\w+);dur=([\d.]+)", reply.headers["Server-Timing"]))
         assert set(timing) == {*PHASES, "total", "cache"}  # cache: the lookup (skipped for no-store)
         assert sum(float(timing[p]) for p in PHASES) <= float(timing["total"]) * 1.001
+        reported_infer += float(timing["infer"]) / 1000
     after = scrape(server)
 
     def delta(sample: str, **extra: str) -> float:
@@ -109,7 +111,8 @@ def test_phase_sums_add_up_to_the_total(server: Server) -> None:
     phases = {p: delta("onnxpool_request_phase_seconds_sum", phase=p) for p in PHASES}
     assert delta("onnxpool_request_duration_seconds_count") == 20
     assert all(delta("onnxpool_request_phase_seconds_count", phase=p) == 20 for p in PHASES)
-    assert phases["infer"] > 0.1  # 20 batches of 2 through the demo model: real work was timed
+    # Real work was timed, and the metric is the same clock the callers were shown (whatever the CPU's speed).
+    assert phases["infer"] > 0 and abs(phases["infer"] - reported_infer) <= 20 * 0.00001, (phases, reported_infer)
     assert 0.9 * total <= sum(phases.values()) <= total, (phases, total)
 
 
