@@ -642,24 +642,42 @@ def serve_on_when_unchanged(server: Any) -> None:
     worker's warm-up for nothing. The running workers serve the same settings, task and model, so the
     spawning is skipped for that one reload (`_unchanged`, set by `configure()`); a worker that dies later is
     replaced as ever.
+
+    The rest of gunicorn's `reload()` is skipped too: after `manage_workers()` it waits, up to
+    graceful_timeout, for every worker older than the reload to exit. None does when none was replaced, so
+    the master would sit out the whole graceful_timeout in that loop, handling no signal (a TERM, the next
+    HUP) and replacing no dead worker. `manage_workers` ends the reload there instead (`_ServedOn`).
     """
     spawn: Callable[[], Any] = server.spawn_worker
     reload: Callable[[], None] = server.reload
+    manage: Callable[[], None] = server.manage_workers
 
     def spawn_worker() -> Any:
         return None if _unchanged else spawn()
+
+    def manage_workers() -> None:
+        manage()
+        if _unchanged:  # only ever True inside reload(): what follows there is the wait for old workers
+            raise _ServedOn
 
     def reload_once() -> None:
         global _unchanged, _reloads
         try:
             reload()
+        except _ServedOn:
+            pass
         finally:
             _unchanged = False
             _reloads += 1
             _say_reloaded(_reloads)
 
     server.spawn_worker = spawn_worker
+    server.manage_workers = manage_workers
     server.reload = reload_once
+
+
+class _ServedOn(Exception):
+    """Ends gunicorn's `reload()` of a HUP that forked no workers, before its wait for the old ones to exit."""
 
 
 _reloads = 0

@@ -211,13 +211,17 @@ def test_hup_keeps_the_old_workers_serving_until_the_new_ones_are_warm(tmp_path:
 
 
 def test_a_hup_that_changes_nothing_forks_no_workers_and_one_that_does_replaces_them(tmp_path: Path) -> None:
-    """The same file, task files and model: the workers serve on (no warm-up for nothing); an edited labels
+    """The same file, task files and model: the workers serve on (no warm-up for nothing), and the master is
+    free at once (a dead worker replaced, the next HUP applied), not after graceful_timeout; an edited labels
     file: new workers, serving the new labels."""
     model = build_tiny_model(tmp_path / "model.onnx", bias=0.0)
     labels, config = tmp_path / "labels.txt", tmp_path / "onnxpool.toml"
     write_labels(labels, "old-")
     write_settings(config, model, labels, top_k=1)
-    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "2"}, workers=2, config=config) as srv:
+    # gunicorn's reload() waits up to graceful_timeout for the workers older than it to exit: 300 s here, so a
+    # master stuck in that wait after a HUP that replaced none cannot pass below.
+    settings = {"ONNXPOOL_SERVER__WORKERS": "2", "ONNXPOOL_SERVER__GRACEFUL_TIMEOUT": "300"}
+    with running_server(tmp_path, settings, workers=2, config=config) as srv:
         before = set(srv.workers())
         srv.signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
@@ -227,6 +231,11 @@ def test_a_hup_that_changes_nothing_forks_no_workers_and_one_that_does_replaces_
         time.sleep(0.5)
         assert set(srv.workers()) == before, "a HUP that changed nothing replaced the workers"
         assert labels_of(predict(srv))[0].startswith("old-")
+
+        victim = sorted(before)[0]
+        os.kill(victim, signal.SIGKILL)
+        srv.wait_ready(1, timeout=60, exclude=before)  # its replacement: the master runs its loop again
+        assert victim not in srv.workers()
 
         write_labels(labels, "new-")
         hup_and_wait(srv, 2)
