@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 import numpy as np
@@ -138,11 +140,60 @@ def test_metadata_and_deadline_go_through_the_router(grpc_host: tuple[Host, str]
         assert unimplemented.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
+@contextmanager
+def looping_on_iris(address: str) -> Iterator[tuple[list[int], list[str]]]:
+    """A tritonclient.grpc client on a channel of its own, calling iris through the host's port until the block
+    ends: (answers, failures)."""
+    answers: list[int] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        with grpcclient.InferenceServerClient(address) as client:
+            while not stop.is_set():
+                try:
+                    answers.append(int(np.argmax(_iris(client))))
+                except InferenceServerException as exc:
+                    failures.append(f"{time.time():.3f} {exc.status()}: {exc.message()}")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield answers, failures
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def test_a_pool_restart_and_a_hup_keep_its_grpc_port(grpc_host: tuple[Host, str]) -> None:
-    """Last of the module: kills tiny's pool master, then HUPs the host."""
+    """Last of the module: kills a worker of tiny, then tiny's pool master, then HUPs the host, while a client
+    loops on iris through the same port: it loses nothing."""
     host, address = grpc_host
+    with looping_on_iris(address) as (answers, failures):
+        _tiny_killed_and_back(host, address)
+        time.sleep(1.0)
+    print(f"\niris over gRPC while tiny's worker and master were killed and the host HUPed: "
+          f"{len(answers)} answered, {len(failures)} failed")  # fmt: skip
+    assert failures == [], failures[:5]
+    assert len(answers) > 50 and set(answers) == {0}
+
+
+def answers_tiny(client: grpcclient.InferenceServerClient) -> bool:
+    try:
+        return bool(_tiny(client).shape[0] == 1)
+    except InferenceServerException:
+        return False
+
+
+def _tiny_killed_and_back(host: Host, address: str) -> None:
     client = grpcclient.InferenceServerClient(address)
     before = host.host_json()["tiny"]["grpc_address"]
+    (worker,) = host.workers("tiny")
+    os.kill(worker, signal.SIGKILL)
+    host.wait_for("tiny's worker replaced", lambda: bool(host.workers("tiny")) and worker not in host.workers("tiny"))
+    # Its one worker was tiny's only gRPC listener (each worker listens on the port, SO_REUSEPORT): a call
+    # in between is refused UNAVAILABLE, which DEPLOYING's retrying channel retries.
+    host.wait_for("tiny on gRPC again", lambda: answers_tiny(client))
     master = host.masters()["tiny"]
     os.kill(master, signal.SIGKILL)
     unavailable_seen = False
