@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import re
 import subprocess
@@ -9,7 +11,6 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,50 @@ def _raw_image_post(server: Server, image: bytes, extra: list[tuple[str, str]]) 
         conn.close()
 
 
+class HeldRequest:
+    """A raw POST /predict whose body is held back after its first bytes: the worker that accepted it waits
+    for the rest, and takes no other connection until `finish`."""
+
+    def __init__(self, server: Server, image: bytes) -> None:
+        self.server, self.rest = server, image[1000:]
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        self.conn.putrequest("POST", "/predict?top_k=3")
+        for name, value in (("Content-Type", "image/jpeg"), ("Content-Length", str(len(image)))):
+            self.conn.putheader(name, value)
+        self.conn.endheaders(image[:1000])
+
+    def worker(self, timeout: float = 30.0) -> int:
+        """The worker that accepted the connection: the one whose open files hold its server-side socket."""
+        assert self.conn.sock is not None
+        client_port = self.conn.sock.getsockname()[1]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            inode = server_socket_inode(self.server.port, client_port)
+            for pid in self.server.workers() if inode else ():
+                with contextlib.suppress(OSError):
+                    if any(os.readlink(fd) == f"socket:[{inode}]" for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                        return pid
+            time.sleep(0.01)
+        raise AssertionError("no worker accepted the held request")
+
+    def finish(self) -> None:
+        self.conn.send(self.rest)
+        reply = self.conn.getresponse()
+        reply.read()
+        self.conn.close()
+        assert reply.status == 200
+
+
+def server_socket_inode(server_port: int, client_port: int) -> str:
+    """The inode of the server's end of a loopback connection (/proc/net/tcp; "0" until accepted)."""
+    wanted = (f"{server_port:04X}", f"{client_port:04X}")
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1].rpartition(":")[2], fields[2].rpartition(":")[2]) == wanted:
+            return fields[9]
+    return ""
+
+
 def worker_of(server: Server, reply: requests.Response) -> int:
     """The pid that served a reply: its access line ends with the reply's request id."""
     rid = reply.headers["X-Request-ID"]
@@ -87,18 +132,18 @@ def test_local_hit_on_another_worker_is_byte_identical_and_obeys_cache_control(t
         assert ";desc=miss" in first.headers["Server-Timing"]
         computed_on = worker_of(srv, first)
 
-        # Keep the computing worker busy with misses so that the next copies of the cat go to the other one.
-        other: requests.Response | None = None
-        with ThreadPoolExecutor(2) as pool:
-            for i in range(40):
-                busy = pool.submit(predict, srv, jpeg_variant(CAT, f"busy {i}"))
-                reply = pool.submit(predict, srv).result()
-                busy.result()
-                assert reply.headers["X-Cache"] == "HIT"
-                if worker_of(srv, reply) != computed_on:
-                    other = reply
-                    break
-        assert other is not None, "every copy went to the worker that computed it"
+        # Hold the computing worker with a request whose body has not all come (a sync worker serves one
+        # connection at a time): the next copy of the cat can only go to the other worker.
+        held = HeldRequest(srv, jpeg_variant(CAT, "held"))
+        if held.worker() != computed_on:  # the other one took it: hold the computing one too, free the other
+            second = HeldRequest(srv, jpeg_variant(CAT, "held too"))
+            assert second.worker() == computed_on
+            held.finish()
+            held = second
+        other = predict(srv)
+        held.finish()
+        assert other.headers["X-Cache"] == "HIT"
+        assert worker_of(srv, other) != computed_on
         assert other.content == first.content  # byte for byte
         assert other.headers["Content-Type"] == first.headers["Content-Type"]
         assert other.headers["X-Request-ID"] != first.headers["X-Request-ID"]  # fresh per request
