@@ -398,12 +398,12 @@ class Host:
                         changed |= set_state(model, LOADING, "")
                 else:
                     follow_routes(self.run.path, model)  # a HUP replaced its task: nginx follows its routes
+            elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
+                changed |= self._failed(model, statename)
             if model.hup_from is not None and (
                 model.ready_pid != pid or read_pool_reloads(self.run.path, name) > model.hup_from
             ):
                 model.hup_from = None  # its HUP ended; or it is not the master that got it (LOADING covers that)
-            elif statename in supervisor.FAILED_STATES or statename in ("STOPPED", "STOPPING"):
-                changed |= self._failed(model, statename)
         return changed
 
     def _failed(self, model: Model, statename: str) -> bool:
