@@ -34,7 +34,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -139,6 +139,25 @@ class RequestParts(Protocol):
         """The body, read on first call (413 past `[server] max_body_bytes`, naming that setting)."""
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """A request a task makes for itself (`Task.sample_request`): `RequestParts` without HTTP."""
+
+    route: str
+    """One of the task's routes, `<model>` filled in (e.g. "/predict")."""
+    content_type: str
+    data: bytes
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def mimetype(self) -> str:
+        return self.content_type.split(";", 1)[0].strip().lower()
+
+    def body(self) -> bytes:
+        return self.data
+
+
 class Runner(Protocol):
     """What the server hands `Task.run`: the worker's session, and the request's phase timer."""
 
@@ -208,6 +227,22 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         `self.model` is already `model` here; per-request methods read it (or what this
         method worked out from it), never a model passed per call.
         """
+
+    def sample_request(self) -> SampleRequest | None:
+        """Master, after `bind`: a request this task must answer for this model (a photo, a row, a sentence).
+
+        Before any worker is forked, the master runs it end to end on the model file workers will
+        load (`onnxpool.tasks.rehearsal`): `read`, `run` (on the model, in a child process), `rehearsed`,
+        `reply`. Any failure stops the start (or a HUP, which keeps the last good model) with one line,
+        and the feeds the sample made are what every worker warms up with. None: no rehearsal (workers
+        warm up on zeros).
+        """
+        return None
+
+    def rehearsed(self, inputs: InputsT, result: ResultT) -> None:
+        """Master, after the sample request's `run`, before its `reply`: settle what only real outputs tell
+        (scores that already are probabilities, a ZipMap's class names), or raise TaskConfigError naming what
+        does not fit and which setting fixes it."""
 
     def start_in_worker(self, cores: int) -> None:
         """Worker, after fork, before traffic: make what must not cross fork (thread pools), sized to `cores`."""

@@ -58,6 +58,13 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]
     metadata: tuple[tuple[str, str], ...] = ()
     """The model's `onnxpool.*` metadata_props (the INT8 recipe, workers/cpu_fit.py), sorted."""
+    producers: tuple[tuple[str, str], ...] = ()
+    """Output name -> the op type that makes it, through shape-only ops (workers/graph_outputs.py); read
+    from the file by the preflight subprocess, empty in a worker's own view of its session."""
+
+    def made_by(self, output: str) -> str:
+        """The op type that makes `output` ("Softmax", "Sigmoid", "Gemm"...; "" when not known)."""
+        return dict(self.producers).get(output, "")
 
     @property
     def metadata_map(self) -> dict[str, str]:
@@ -74,16 +81,20 @@ class ModelInfo:
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "metadata": dict(self.metadata),
+            "producers": dict(self.producers),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> ModelInfo:
         inputs, outputs, metadata = data["inputs"], data["outputs"], data.get("metadata", {})
-        assert isinstance(inputs, list) and isinstance(outputs, list) and isinstance(metadata, dict)
+        producers = data.get("producers", {})
+        assert isinstance(inputs, list) and isinstance(outputs, list)
+        assert isinstance(metadata, dict) and isinstance(producers, dict)
         return cls(
             inputs=tuple(TensorSpec.from_dict(t) for t in inputs),
             outputs=tuple(TensorSpec.from_dict(t) for t in outputs),
             metadata=tuple(sorted((str(k), str(v)) for k, v in metadata.items())),
+            producers=tuple((str(k), str(v)) for k, v in producers.items()),
         )
 
 
