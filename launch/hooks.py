@@ -74,8 +74,11 @@ from onnxpool.workers.session import RUNTIME
 from onnxpool.workers.wide import Seat, describe_setting, plan_wide
 
 if TYPE_CHECKING:
+    import numpy as np
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
     from flask import Flask
+
+    from onnxpool.tasks.rehearsal import AnyTask, Rehearsal
 
 log = logging.getLogger("onnxpool.workers")
 
@@ -94,6 +97,9 @@ class Serving:
     callers: CallerBook
     identity: tuple[object, ...] = ()
     """What its workers serve (`_identity`): a HUP that reads the same one forks no new workers."""
+    warmup_feeds: dict[str, np.ndarray] | None = None
+    """What the task's own sample request fed the model in the master (`onnxpool.tasks.rehearsal`):
+    every worker warms up on it (None: the task has no sample; workers warm up on zeros)."""
 
     @property
     def binds(self) -> list[str]:
@@ -170,7 +176,9 @@ def configure() -> Serving:
         generation = pool.validate(loaded)
         try:
             callers = callers_of(generation.settings)
-            app, identity = _build_app(generation, pool, callers)
+            app, identity, task = _build_app(generation, pool, callers)
+            unchanged = _serving is not None and identity == _serving.identity
+            rehearsal = None if unchanged else _rehearse(task, generation)
         except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
@@ -178,7 +186,7 @@ def configure() -> Serving:
         if _serving is None and pool is not None:
             pool.run.remove()  # nothing was forked: leave no folder behind
         return _refuse(exc)
-    if _serving is not None and identity == _serving.identity:
+    if unchanged and _serving is not None:
         global _unchanged
         _unchanged = True  # this HUP forks no workers (serve_on_when_unchanged)
         pool.reject(generation)  # its model copy goes; the running workers' stays
@@ -191,7 +199,10 @@ def configure() -> Serving:
             log.info("%s", generation.model_choice)
         _warn_cpu_fit(generation)
     reloaded = _serving is not None
-    _serving = Serving(pool=pool, generation=generation, app=app, callers=callers, identity=identity)
+    feeds = rehearsal.feeds if rehearsal is not None else None
+    _serving = Serving(
+        pool=pool, generation=generation, app=app, callers=callers, identity=identity, warmup_feeds=feeds
+    )
     if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
         _log_callers(_serving)
     return _serving
@@ -276,8 +287,27 @@ def _log_callers(s: Serving) -> None:
         )
 
 
-def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple[Flask, tuple[object, ...]]:
-    """The generation's app, and what it serves (`_identity`)."""
+def _rehearse(task: AnyTask, generation: Generation) -> Rehearsal | None:
+    """Master, before any fork: the task answers its own sample request on the model file workers will
+    load, end to end (`onnxpool.tasks.rehearsal`); a misfit is a TaskConfigError: the start stops, a HUP
+    keeps the last good model."""
+    from onnxpool.tasks.rehearsal import rehearse
+
+    model = generation.settings.model
+    start = time.monotonic()
+    rehearsal = rehearse(task, generation.model_file, model.graph_optimization_level, model.prepacking)
+    if rehearsal is not None:
+        log.info(
+            "task %s answered its own sample request (POST %s) on the model in %.1f s",
+            task.name,
+            rehearsal.route,
+            time.monotonic() - start,
+        )
+    return rehearsal
+
+
+def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple[Flask, tuple[object, ...], AnyTask]:
+    """The generation's app, what it serves (`_identity`), and its task."""
     from onnxpool.server.app import CachePlan, create_app  # after the metrics folder is exported (module doc)
     from onnxpool.tasks.identity import task_identity
 
@@ -304,7 +334,7 @@ def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple
         callers,  # the keys file's callers and quotas
         _host_nice(settings),
     )
-    return app, identity
+    return app, identity, task
 
 
 def host_dir() -> Path | None:
@@ -478,6 +508,7 @@ def post_fork(server: Any, worker: Any) -> None:
         headroom_mb=model.memory_headroom_mb,
         prepacking=model.prepacking,
         seat=seat,
+        feeds=s.warmup_feeds,
     )
     from onnxpool.server.app import open_in_worker
 

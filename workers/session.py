@@ -190,9 +190,23 @@ def warmup_feeds(info: ModelInfo) -> dict[str, np.ndarray] | None:
     return feeds
 
 
-def warm_up(session: ort.InferenceSession, runs: int, heartbeat: Callable[[], None] | None = None) -> list[float]:
-    """Run `runs` inferences on zeros so the first real request is not the slow one."""
-    feeds = warmup_feeds(model_info_of(session))
+def idle_feeds(info: ModelInfo, known: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+    """The tiny run that gives the arena back: zeros of the smallest shape, or, where the task showed
+    what the model takes (a dynamic height and width that size 1 does not fit), its sample's feeds."""
+    if known is not None:
+        return dict(known)
+    return warmup_feeds(info)
+
+
+def warm_up(
+    session: ort.InferenceSession,
+    runs: int,
+    heartbeat: Callable[[], None] | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+) -> list[float]:
+    """Run `runs` inferences so the first real request is not the slow one: on `feeds` (what the task's
+    own sample request made, `onnxpool.tasks.rehearsal`), else on zeros of each input's smallest shape."""
+    feeds = feeds if feeds is not None else warmup_feeds(model_info_of(session))
     if feeds is None:
         return []
     times = []
@@ -261,6 +275,7 @@ class SessionRuntime:
         headroom_mb: int = 64,
         prepacking: bool = True,
         seat: Seat | None = None,
+        feeds: Mapping[str, np.ndarray] | None = None,
     ) -> WarmupReport:
         """Build the session (and with `seat.plan`, the wide one) and warm it up; ready when this returns."""
         import onnxruntime as ort  # in the worker, after fork (module comment above)
@@ -270,14 +285,14 @@ class SessionRuntime:
         plan = seat.plan if seat is not None else None
         wide = build_wide_session(model_path, plan, optimization, prepacking) if plan is not None else None
         load_seconds = time.perf_counter() - start
-        runs = warm_up(session, warmup_runs, heartbeat)
-        wide_runs = warm_up(wide, warmup_runs, heartbeat) if wide is not None else []
+        runs = warm_up(session, warmup_runs, heartbeat, feeds)
+        wide_runs = warm_up(wide, warmup_runs, heartbeat, feeds) if wide is not None else []
         info = model_info_of(session)
         shrink = ort.RunOptions()
         shrink.add_run_config_entry(*SHRINK_ARENA)
         with self._lock:
             self._session, self._info, self._wide, self._seat = session, info, wide, seat
-            self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, warmup_feeds(info)
+            self.arena, self._shrink, self._idle_feeds = memory_arena, shrink, idle_feeds(info, feeds)
             self._run_options = shrink if memory_arena == "release" else None
             self.intra_op_threads = intra_op_threads
             self.warmup = WarmupReport(load_seconds, tuple(runs), tuple(wide_runs))
