@@ -60,7 +60,7 @@ from onnxpool.config.settings import Settings
 from onnxpool.host.priority import apply_nice
 from onnxpool.host.state import pool_error_file, read_host, write_pool_description, write_pool_reloads
 from onnxpool.server.callers import lane_of
-from onnxpool.tasks.registry import build_task
+from onnxpool.tasks.registry import build_task, why_chosen
 from onnxpool.workers.cores import Layout
 from onnxpool.workers.cpu_fit import ModelRecipe
 from onnxpool.workers.handoff import Handoff
@@ -100,6 +100,8 @@ class Serving:
     warmup_feeds: dict[str, np.ndarray] | None = None
     """What the task's own sample request fed the model in the master (`onnxpool.tasks.rehearsal`):
     every worker warms up on it (None: the task has no sample; workers warm up on zeros)."""
+    rehearsed: str = ""
+    """The line saying how the sample request went (logged with the task's at start, at once on a HUP)."""
 
     @property
     def binds(self) -> list[str]:
@@ -178,7 +180,7 @@ def configure() -> Serving:
             callers = callers_of(generation.settings)
             app, identity, task = _build_app(generation, pool, callers)
             unchanged = _serving is not None and identity == _serving.identity
-            rehearsal = None if unchanged else _rehearse(task, generation)
+            rehearsal, rehearsed = (None, "") if unchanged else _rehearse(task, generation)
         except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
@@ -201,8 +203,16 @@ def configure() -> Serving:
     reloaded = _serving is not None
     feeds = rehearsal.feeds if rehearsal is not None else None
     _serving = Serving(
-        pool=pool, generation=generation, app=app, callers=callers, identity=identity, warmup_feeds=feeds
+        pool=pool,
+        generation=generation,
+        app=app,
+        callers=callers,
+        identity=identity,
+        warmup_feeds=feeds,
+        rehearsed=rehearsed,
     )
+    if reloaded and rehearsed:
+        log.info("reload: %s", rehearsed)
     if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
         _log_callers(_serving)
     return _serving
@@ -287,7 +297,7 @@ def _log_callers(s: Serving) -> None:
         )
 
 
-def _rehearse(task: AnyTask, generation: Generation) -> Rehearsal | None:
+def _rehearse(task: AnyTask, generation: Generation) -> tuple[Rehearsal | None, str]:
     """Master, before any fork: the task answers its own sample request on the model file workers will
     load, end to end (`onnxpool.tasks.rehearsal`); a misfit is a TaskConfigError: the start stops, a HUP
     keeps the last good model."""
@@ -296,14 +306,13 @@ def _rehearse(task: AnyTask, generation: Generation) -> Rehearsal | None:
     model = generation.settings.model
     start = time.monotonic()
     rehearsal = rehearse(task, generation.model_file, model.graph_optimization_level, model.prepacking)
-    if rehearsal is not None:
-        log.info(
-            "task %s answered its own sample request (POST %s) on the model in %.1f s",
-            task.name,
-            rehearsal.route,
-            time.monotonic() - start,
-        )
-    return rehearsal
+    if rehearsal is None:
+        return None, ""
+    line = (
+        f"task {task.name} answered its own sample request (POST {rehearsal.route}) on the model in "
+        f"{time.monotonic() - start:.2f} s; workers warm up on its feeds"
+    )
+    return rehearsal, line
 
 
 def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple[Flask, tuple[object, ...], AnyTask]:
@@ -375,12 +384,10 @@ def _log_task(s: Serving) -> None:
 
     task = task_of(s.app)
     asked = s.settings.model.task
-    why = (
-        f" (auto: the model's first input has shape {list(s.generation.model.inputs[0].shape)})"
-        if asked == "auto"
-        else ""
-    )
+    why = f" (auto: {why_chosen(s.generation.model)})" if asked == "auto" else ""
     log.info("task: %s%s; routes: %s", task.name, why, ", ".join(f"POST {rule}" for rule in task.routes))
+    if s.rehearsed:
+        log.info("%s", s.rehearsed)
     if not task.caches_replies():
         log.info("task %s: replies are never cached (the task defines no canonical bytes)", task.name)
 

@@ -11,6 +11,7 @@ from onnxpool import __version__
 from onnxpool.server.context import context, json_response
 from onnxpool.server.datatypes import v2_datatype
 from onnxpool.server.served import check_model, loaded_model
+from onnxpool.tasks import jsonfast
 from onnxpool.tasks import server_routes as paths
 from onnxpool.tasks.errors import NotFound
 from onnxpool.workers.cpu_fit import cpu_flags, describe
@@ -44,6 +45,16 @@ def model_metadata(model: str, version: str | None = None) -> Response:
     loaded = loaded_model(ctx)
     info = ctx.task.tensor_signature() or loaded  # what v2 clients send and get (a text task: strings)
     config = ctx.settings.model
+    parameters: dict[str, object] = {}
+    # issue 21: the INT8 recipe inside the MODEL (not the task's tensor view) and whether this CPU fits it
+    if quantization := describe(loaded.metadata_map, cpu_flags()):
+        parameters["quantization"] = quantization
+    if classes := ctx.task.class_names():  # a classifier's probabilities, column by column
+        parameters["classes"] = list(classes)
+    sample = ctx.task.sample_request()
+    if sample is not None and sample.mimetype == "application/json":
+        # A body this model accepts: the task's own sample, which the master ran on the model before any fork.
+        parameters["example"] = {"route": sample.route, "body": jsonfast.loads(sample.data, "example")}
     return json_response(
         {
             "name": config.name,
@@ -51,8 +62,7 @@ def model_metadata(model: str, version: str | None = None) -> Response:
             "platform": "onnxruntime_onnx",
             "inputs": [_tensor_metadata(t) for t in info.inputs],
             "outputs": [_tensor_metadata(t) for t in info.outputs],
-            # issue 21: the INT8 recipe inside the MODEL (not the task's tensor view) and whether this CPU fits it
-            **({"parameters": {"quantization": q}} if (q := describe(loaded.metadata_map, cpu_flags())) else {}),
+            **({"parameters": parameters} if parameters else {}),
         }
     )
 

@@ -194,12 +194,42 @@ def served_model(loaded: LoadedSettings) -> ServedModel:
 
 def chosen_task(spec: str, model: ModelInfo | None) -> str:
     """`auto` resolved for this model: an image classifier when its first input is 4-D (or the model
-    is not known yet, as in an app built in process), else plain named tensors. Others as given."""
+    is not known yet, as in an app built in process); tabular for what converters of scikit-learn,
+    LightGBM and XGBoost models write and no plain tensor carries (a ZipMap output, string
+    columns); else plain named tensors. Others as given."""
     if spec != AUTO:
         return spec
     if model is None or len(model.inputs[0].shape) == 4:
         return "image-classification"
+    if _converted_tabular(model):
+        return "tabular"
     return "tensors"
+
+
+def _converted_tabular(model: ModelInfo) -> list[str]:
+    """What marks a model as a converted scikit-learn/LightGBM/XGBoost one: its ZipMap outputs and string inputs,
+    else rows in (2-D inputs) and a classifier's label and probability outputs out."""
+    zipmaps = [
+        f"output '{t.name}' is a ZipMap ({t.onnx_type})" for t in model.outputs if t.onnx_type.startswith("seq(")
+    ]
+    strings = [f"input '{t.name}' is a string column" for t in model.inputs if t.onnx_type == "tensor(string)"]
+    if zipmaps or strings:
+        return zipmaps + strings
+    # A classifier's pair, as skl2onnx (zipmap=False) and onnxmltools' XGBoost write it: a label and probabilities.
+    rows = all(len(t.shape) == 2 for t in model.inputs)
+    label = next((t for t in model.outputs if len(t.shape) == 1 and t.dtype is not None and t.dtype.kind in "iu"), None)
+    scores = next((t for t in model.outputs if len(t.shape) == 2 and t.dtype is not None and t.dtype.kind == "f"), None)
+    if rows and label is not None and scores is not None:
+        return [f"a classifier's outputs: label '{label.name}' and probabilities '{scores.name}'"]
+    return []
+
+
+def why_chosen(model: ModelInfo) -> str:
+    """Why `auto` chose its task for this model (the start-up line)."""
+    marks = _converted_tabular(model) if len(model.inputs[0].shape) != 4 else []
+    if marks:
+        return ", ".join(marks[:3])
+    return f"the model's first input has shape {list(model.inputs[0].shape)}"
 
 
 def build_task(loaded: LoadedSettings, model: ModelInfo) -> AnyTask:

@@ -70,7 +70,11 @@ def test_both_instance_shapes_on_both_urls(iris: Server) -> None:
         ),
         ({"instances": [{**VIRGINICA, "stem_length": 1.0}]}, 400, "unknown feature(s) 'stem_length'"),
         ({"instances": [{**VIRGINICA, "sepal_width": "wide"}]}, 400, "feature 'sepal_width' is a string, not a number"),
-        ({"instances": [[5.1, 3.5, None, 0.2]]}, 400, "instances[0] feature 'petal_length' is null, not a number"),
+        (
+            {"instances": [SETOSA, [5.1, 3.5, None, 0.2]]},
+            400,
+            "instances[1]: the model gives no prediction (NaN) for this row; missing (null): petal_length",
+        ),
         ({"instances": [SETOSA, [5.1, True, 1.4, 0.2]]}, 400, "instances[1] feature 'sepal_width' is a boolean"),
         ({"instances": [[5.1, 3.5, 1.4]]}, 400, "instances[0] has 3 values; the model takes 4 features"),
         ({"instances": [SETOSA] * 9}, 400, "9 instances in one request; max_batch is 8"),
@@ -132,7 +136,7 @@ def test_a_regressor_answers_values(tmp_path: Path) -> None:
     )
     task = build_task(loaded, info)
     assert isinstance(task, Tabular)
-    inputs = Instances(np.array([[1, 2, 3], [0.5, 0, 0]], dtype=np.float32))
+    inputs = Instances({"x": np.array([[1, 2, 3], [0.5, 0, 0]], dtype=np.float32)}, 2)
     assert list(task.feeds(inputs)) == ["x"] and task.output_names() == ["y"]
     assert task.reply(inputs, {"y": np.array([[12.0], [1.0]], dtype=np.float32)}) == {"predictions": [12.0, 1.0]}
 
