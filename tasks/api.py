@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import LimitsSettings
+from onnxpool.tasks import jsonfast
 from onnxpool.tasks.describe import default_operation
 from onnxpool.tasks.errors import OnnxpoolError
 from onnxpool.tasks.media_types import not_accepted
@@ -236,7 +237,18 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         `reply`. Any failure stops the start (or a HUP, which keeps the last good model) with one line,
         and the feeds the sample made are what every worker warms up with. None: no rehearsal (workers
         warm up on zeros).
+
+        By default: the JSON example of the first route's OpenAPI operation (`openapi`, `describe(...,
+        example=...)`), the body /docs offers callers, which therefore must work; None without one.
         """
+        for route in self.routes:
+            path = route.replace("<model>", self.served.name)
+            try:
+                content = self.openapi(path)["requestBody"]["content"]
+                example = content["application/json"]["example"]
+            except (KeyError, TypeError):
+                continue
+            return SampleRequest(route=path, content_type="application/json", data=jsonfast.dumps(example))
         return None
 
     def rehearsed(self, inputs: InputsT, result: ResultT) -> None:
