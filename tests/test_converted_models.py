@@ -11,6 +11,11 @@ probabilities within 1e-6. Bad rows get a 400 naming the feature, and the worker
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +27,7 @@ import requests
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from tests.converted_models import BUILDERS, Converted, build, onnx_feeds
+from tests.converted_models import BUILDERS, IRIS_ROWS, Converted, build, onnx_feeds
 from tests.harness import Server, free_port, running_server
 
 pytestmark = pytest.mark.slow
@@ -210,3 +215,69 @@ def test_a_missing_number_is_nan_for_the_model_to_decide(tmp_path: Path) -> None
     assert reply.status_code == 200, reply.text
     got = list(reply.json()["predictions"][0]["probabilities"].values())
     assert np.allclose(got, expected, atol=1e-6, rtol=0)
+
+
+def test_schemathesis_covers_the_string_and_integer_features(tmp_path: Path) -> None:
+    """The API page of a model with float, int64 and string columns, fuzzed: no 500, no reply outside its schema."""
+    model = build("credit", tmp_path)
+    settings = {
+        "ONNXPOOL_MODEL__PATH": str(model.path),
+        "ONNXPOOL_SERVER__WORKERS": "1",
+        "ONNXPOOL_CACHE__ENABLED": "0",
+    }
+    with running_server(tmp_path, settings, workers=1) as server:
+        document = requests.get(server.url + "/openapi.json", timeout=10).json()
+        row = document["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        by_name = row["properties"]["instances"]["items"]["anyOf"][1]["properties"]
+        assert by_name["city"]["type"] == "string" and by_name["visits"]["type"] == "integer"
+        command = [
+            str(Path(sys.executable).parent / "schemathesis"),
+            "run",
+            server.url + "/openapi.json",
+            "--include-path-regex",
+            "predict",
+            "--include-method",
+            "POST",
+            # Bodies valid and invalid by the schema; the coverage phase's requests with headers no schema
+            # names (which every HTTP server accepts) are left out.
+            "--phases",
+            "examples,fuzzing",
+            "--mode",
+            "all",
+            "--checks",
+            "all",
+            # A schema-valid row may hold null ages: NaN for this linear model, a 400 naming the row.
+            "--exclude-checks",
+            "positive_data_acceptance",
+            "--max-examples",
+            "30",
+            "--generation-deterministic",
+            "--request-timeout",
+            "10",
+            "--continue-on-failure",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False)
+        workers = server.workers()
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        assert re.search(r"\d+ generated, \d+ passed", done.stdout), done.stdout[-2000:]
+        assert server.workers() == workers and "Traceback" not in server.log()
+
+
+def test_a_hup_to_a_model_the_task_cannot_serve_keeps_the_last_good_one(tmp_path: Path) -> None:
+    """The rehearsal on HUP: [task] classes that do not match the ZipMap's classes refuse the reload in one
+    line, and the running workers serve on."""
+    model = build("forest", tmp_path)
+    config = tmp_path / "forest.toml"
+    config.write_text(f'[model]\nname = "forest"\npath = "{model.path}"\n', encoding="utf-8")
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, workers=1, config=config) as server:
+        config.write_text(
+            config.read_text(encoding="utf-8") + '\n[task]\nclasses = ["setosa", "versicolor"]\n', encoding="utf-8"
+        )
+        server.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "reload: keeping the running configuration" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        line = next(line for line in server.log().splitlines() if "reload: keeping the running" in line)
+        assert "2 class names ([task] classes or labels) but output 'output_probability' has 3 classes" in line
+        reply = requests.post(server.url + "/predict", json={"instances": [list(IRIS_ROWS[0].values())]}, timeout=10)
+        assert reply.status_code == 200 and list(reply.json()["predictions"][0]["probabilities"]) == ["0", "1", "2"]
