@@ -100,6 +100,8 @@ class Serving:
     warmup_feeds: dict[str, np.ndarray] | None = None
     """What the task's own sample request fed the model in the master (`onnxpool.tasks.rehearsal`):
     every worker warms up on it (None: the task has no sample; workers warm up on zeros)."""
+    rehearsal_line: str = ""
+    """What the rehearsal took, for the start-up log ("" when the task has no sample request)."""
 
     @property
     def binds(self) -> list[str]:
@@ -178,7 +180,7 @@ def configure() -> Serving:
             callers = callers_of(generation.settings)
             app, identity, task = _build_app(generation, pool, callers)
             unchanged = _serving is not None and identity == _serving.identity
-            rehearsal = None if unchanged else _rehearse(task, generation)
+            rehearsal, took = (None, 0.0) if unchanged else _rehearse(task, generation)
         except ConfigError:  # the task (its table, its check of the model), labels or API keys file, cache folder
             pool.reject(generation)
             raise
@@ -200,10 +202,20 @@ def configure() -> Serving:
         _warn_cpu_fit(generation)
     reloaded = _serving is not None
     feeds = rehearsal.feeds if rehearsal is not None else None
+    line = _rehearsal_line(task, rehearsal, took)
     _serving = Serving(
-        pool=pool, generation=generation, app=app, callers=callers, identity=identity, warmup_feeds=feeds
+        pool=pool,
+        generation=generation,
+        app=app,
+        callers=callers,
+        identity=identity,
+        warmup_feeds=feeds,
+        rehearsal_line=line,
     )
     if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
+        if line:
+            log.info("%s", line)
+        _log_task_lines(task)
         _log_callers(_serving)
     return _serving
 
@@ -287,23 +299,25 @@ def _log_callers(s: Serving) -> None:
         )
 
 
-def _rehearse(task: AnyTask, generation: Generation) -> Rehearsal | None:
+def _rehearse(task: AnyTask, generation: Generation) -> tuple[Rehearsal | None, float]:
     """Master, before any fork: the task answers its own sample request on the model file workers will
     load, end to end (`onnxpool.tasks.rehearsal`); a misfit is a TaskConfigError: the start stops, a HUP
-    keeps the last good model."""
+    keeps the last good model. With the seconds it took."""
     from onnxpool.tasks.rehearsal import rehearse
 
     model = generation.settings.model
     start = time.monotonic()
     rehearsal = rehearse(task, generation.model_file, model.graph_optimization_level, model.prepacking)
-    if rehearsal is not None:
-        log.info(
-            "task %s answered its own sample request (POST %s) on the model in %.1f s",
-            task.name,
-            rehearsal.route,
-            time.monotonic() - start,
-        )
-    return rehearsal
+    return rehearsal, time.monotonic() - start
+
+
+def _rehearsal_line(task: AnyTask, rehearsal: Rehearsal | None, seconds: float) -> str:
+    if rehearsal is None:
+        return ""
+    return (
+        f"task {task.name} answered its own sample request (POST {rehearsal.route}) on the model in "
+        f"{seconds:.2f} s, before any fork"
+    )
 
 
 def _build_app(generation: Generation, pool: Pool, callers: CallerBook) -> tuple[Flask, tuple[object, ...], AnyTask]:
@@ -381,8 +395,17 @@ def _log_task(s: Serving) -> None:
         else ""
     )
     log.info("task: %s%s; routes: %s", task.name, why, ", ".join(f"POST {rule}" for rule in task.routes))
+    if s.rehearsal_line:
+        log.info("%s", s.rehearsal_line)
+    _log_task_lines(task)
     if not task.caches_replies():
         log.info("task %s: replies are never cached (the task defines no canonical bytes)", task.name)
+
+
+def _log_task_lines(task: AnyTask) -> None:
+    """What the task settled from the model (the scores it applies and why...), at start and at each HUP."""
+    for line in task.startup_lines():
+        log.info("task %s: %s", task.name, line)
 
 
 def serving() -> Serving:
