@@ -98,7 +98,7 @@ def scores_from_rows(rows: np.ndarray[Any, Any], output: str, made_by: str = "")
     SUM_TOLERANCE: a Softmax the graph hides behind ops of its own), else "softmax" (logits)."""
     array = as_rows(rows).astype(np.float64)
     sums = array.sum(axis=1)
-    where = f"output '{output}'" + (f", made by a {made_by} node" if made_by else "")
+    where = f"output '{output}'" + (f", made by {made_by}" if made_by else "")
     if array.size and np.all((array >= 0) & (array <= 1)) and np.all(np.abs(sums - 1.0) <= SUM_TOLERANCE):
         return "none", f"{where}: its rows on the task's sample already sum to 1, probabilities"
     return "softmax", f"{where}: its rows on the task's sample do not sum to 1, logits"

@@ -128,4 +128,8 @@ def refused_feeds(info: ModelInfo, feeds: Mapping[str, np.ndarray], error: str) 
                 f"input '{spec.name}' takes {spec.onnx_type} {wanted}; got {value.dtype} {list(shape)}"
                 + (f" ({reason})" if reason else "")
             )
-    return FeedsRefused(f"the model refused the inputs: {reason or error}")
+    # Each feed fits its declared shape, but not the graph (a dynamic height of 8 pixels that its
+    # convolutions shrink to nothing): named with its shape, and onnxruntime's reason.
+    shown = ", ".join(f"'{name}' {np.asarray(v).dtype} {list(np.shape(v))}" for name, v in feeds.items())
+    noun = "input" if len(feeds) == 1 else "inputs"
+    return FeedsRefused(f"the model cannot run on {noun} {shown}: {reason or error}")
