@@ -211,9 +211,10 @@ def configure() -> Serving:
         warmup_feeds=feeds,
         rehearsed=rehearsed,
     )
-    if reloaded and rehearsed:
-        log.info("reload: %s", rehearsed)
     if reloaded:  # the first load's lines are logged in on_starting, once gunicorn's logging is set up
+        if rehearsed:
+            log.info("reload: %s", rehearsed)
+        _log_task_lines(task)
         _log_callers(_serving)
     return _serving
 
@@ -300,7 +301,7 @@ def _log_callers(s: Serving) -> None:
 def _rehearse(task: AnyTask, generation: Generation) -> tuple[Rehearsal | None, str]:
     """Master, before any fork: the task answers its own sample request on the model file workers will
     load, end to end (`onnxpool.tasks.rehearsal`); a misfit is a TaskConfigError: the start stops, a HUP
-    keeps the last good model."""
+    keeps the last good model. With the line that says how it went."""
     from onnxpool.tasks.rehearsal import rehearse
 
     model = generation.settings.model
@@ -388,8 +389,15 @@ def _log_task(s: Serving) -> None:
     log.info("task: %s%s; routes: %s", task.name, why, ", ".join(f"POST {rule}" for rule in task.routes))
     if s.rehearsed:
         log.info("%s", s.rehearsed)
+    _log_task_lines(task)
     if not task.caches_replies():
         log.info("task %s: replies are never cached (the task defines no canonical bytes)", task.name)
+
+
+def _log_task_lines(task: AnyTask) -> None:
+    """What the task settled from the model (the scores it applies and why...), at start and at each HUP."""
+    for line in task.startup_lines():
+        log.info("task %s: %s", task.name, line)
 
 
 def serving() -> Serving:

@@ -103,7 +103,7 @@ def grey_level_noise(images: FloatArray, spec: PreprocessSettings, levels: float
     near-ties FP32 flips its own top-1 under noise far below what a JPEG re-encode adds.
     """
     step = np.asarray(spec.scale, np.float64) / np.asarray(spec.std, np.float64)
-    step = step[:, None, None] if spec.layout == "NCHW" else step
+    step = step[:, None, None] if spec.layout != "NHWC" else step
     noise = np.random.default_rng(seed).uniform(-levels, levels, images.shape) * step
     noisy: FloatArray = (images + noise).astype(np.float32)
     return noisy

@@ -19,6 +19,8 @@ from onnxpool.server import metrics
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.timing import Attributes, RequestTimer
 from onnxpool.tasks.api import Feeds, Outputs
+from onnxpool.tasks.errors import BadRequest
+from onnxpool.workers.model_info import FeedsRefused
 
 
 class RequestRunner:
@@ -46,7 +48,10 @@ class RequestRunner:
                 attributes = {"onnxpool.batch_size": batch}
         backend = self._backend
         with timer.phase("infer", attributes):
-            outputs = backend.infer(feeds, output_names)
+            try:
+                outputs = backend.infer(feeds, output_names)
+            except FeedsRefused as exc:  # onnxruntime's INVALID_ARGUMENT, for any task and v2 infer alike
+                raise BadRequest(str(exc)) from None
             wide = backend.last_wide
             if wide:  # it ran on idle workers' cores too (workers/wide.py): said in Server-Timing, counted
                 timer.wide = max(timer.wide, wide)

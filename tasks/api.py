@@ -256,6 +256,11 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         (scores that already are probabilities, a ZipMap's class names), or raise TaskConfigError naming what
         does not fit and which setting fixes it."""
 
+    def startup_lines(self) -> Sequence[str]:
+        """Master, after `bind` and the rehearsal: what this task settled from the model, one line each, for
+        the start-up log (`task <name>: <line>`): the scores it applies and why, the layout it feeds."""
+        return ()
+
     def start_in_worker(self, cores: int) -> None:
         """Worker, after fork, before traffic: make what must not cross fork (thread pools), sized to `cores`."""
 

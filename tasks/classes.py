@@ -79,3 +79,26 @@ def scores(output: np.ndarray[Any, Any], mode: ScoreMode) -> Scores:
         sigmoid: Scores = np.where(rows >= 0, 1.0 / (1.0 + small), small / (1.0 + small)).astype(rows.dtype)
         return sigmoid
     raise ValueError(f"unknown score mode {mode!r}; expected softmax, sigmoid or none")
+
+
+def scores_from_graph(made_by: str, output: str) -> tuple[ScoreMode | None, str]:
+    """("none", why) when the graph's op making `output` already makes probabilities; (None, "") when
+    the graph cannot tell (the rows on a sample decide: `scores_from_rows`)."""
+    if made_by in ("Softmax", "Sigmoid"):
+        kind = "multi-label probabilities" if made_by == "Sigmoid" else "probabilities"
+        return "none", f"output '{output}' is made by a {made_by} node: already {kind}"
+    return None, ""
+
+
+SUM_TOLERANCE = 1e-3
+
+
+def scores_from_rows(rows: np.ndarray[Any, Any], output: str, made_by: str = "") -> tuple[ScoreMode, str]:
+    """ "none" when every row on the task's own sample is probabilities (in [0, 1], summing to 1 within
+    SUM_TOLERANCE: a Softmax the graph hides behind ops of its own), else "softmax" (logits)."""
+    array = as_rows(rows).astype(np.float64)
+    sums = array.sum(axis=1)
+    where = f"output '{output}'" + (f", made by {made_by}" if made_by else "")
+    if array.size and np.all((array >= 0) & (array <= 1)) and np.all(np.abs(sums - 1.0) <= SUM_TOLERANCE):
+        return "none", f"{where}: its rows on the task's sample already sum to 1, probabilities"
+    return "softmax", f"{where}: its rows on the task's sample do not sum to 1, logits"

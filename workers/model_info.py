@@ -6,6 +6,7 @@ subprocess) and read by the server to validate requests and describe the model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,3 +102,34 @@ class ModelInfo:
 def static_shape(spec: TensorSpec, batch: int = 1) -> tuple[int, ...]:
     """A concrete shape for a spec: dynamic dims become `batch` (first) or 1 (others)."""
     return tuple(d if d >= 0 else (batch if i == 0 else 1) for i, d in enumerate(spec.shape))
+
+
+class FeedsRefused(ValueError):
+    """onnxruntime refused a run's feeds (INVALID_ARGUMENT: a shape, rank or type the model does not take).
+
+    Raised by the worker's session (workers/session.py) with a message naming the input; the server
+    answers it as a 400 (the caller sent what the model cannot take), never a 500."""
+
+
+def refused_feeds(info: ModelInfo, feeds: Mapping[str, np.ndarray], error: str) -> FeedsRefused:
+    """The refusal, naming the first input whose feed's type, rank or fixed dimensions differ from the
+    model's (onnxruntime's own message does not always name it), with onnxruntime's reason."""
+    reason = error.split("INVALID_ARGUMENT : ", 1)[-1].strip().splitlines()[0].strip() if error else ""
+    for spec in info.inputs:
+        if spec.name not in feeds:
+            continue
+        value = np.asarray(feeds[spec.name])
+        dtype, shape = spec.dtype, value.shape
+        fits = (dtype is None or value.dtype == dtype) and len(shape) == len(spec.shape)
+        fits = fits and all(want < 0 or want == got for want, got in zip(spec.shape, shape, strict=False))
+        if not fits:
+            wanted = "[" + ", ".join("?" if d < 0 else str(d) for d in spec.shape) + "]"
+            return FeedsRefused(
+                f"input '{spec.name}' takes {spec.onnx_type} {wanted}; got {value.dtype} {list(shape)}"
+                + (f" ({reason})" if reason else "")
+            )
+    # Each feed fits its declared shape, but not the graph (a dynamic height of 8 pixels that its
+    # convolutions shrink to nothing): named with its shape, and onnxruntime's reason.
+    shown = ", ".join(f"'{name}' {np.asarray(v).dtype} {list(np.shape(v))}" for name, v in feeds.items())
+    noun = "input" if len(feeds) == 1 else "inputs"
+    return FeedsRefused(f"the model cannot run on {noun} {shown}: {reason or error}")

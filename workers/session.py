@@ -20,7 +20,7 @@ import numpy as np
 
 from onnxpool.workers.cpu_fit import METADATA_PREFIX
 from onnxpool.workers.memory import MB, anonymous_bytes, trim_heap
-from onnxpool.workers.model_info import ModelInfo, TensorSpec, static_shape
+from onnxpool.workers.model_info import ModelInfo, TensorSpec, refused_feeds, static_shape
 from onnxpool.workers.wide import LENT_NICE, Seat, WidePlan, lower_priority, thread_ids
 
 if TYPE_CHECKING:
@@ -334,7 +334,10 @@ class SessionRuntime:
             with self._lock:
                 self._ran = True
                 self.last_wide = threads
-                results = session.run(names, dict(feeds), self._run_options)
+                try:
+                    results = session.run(names, dict(feeds), self._run_options)
+                except _invalid_argument() as exc:  # the caller's feeds, not a fault of ours: a 400 naming the input
+                    raise refused_feeds(info, feeds, str(exc)) from None
         return dict(zip(names, results, strict=True))
 
     @property
@@ -395,6 +398,13 @@ class SessionRuntime:
             trim_heap()
             self.releases += 1
             self.limit = max(self.limit, anonymous_bytes() + self.headroom)
+
+
+def _invalid_argument() -> type[Exception]:
+    """onnxruntime's INVALID_ARGUMENT (a feed's shape, rank or type), imported where sessions run."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+    return InvalidArgument  # type: ignore[no-any-return]
 
 
 # The one runtime of this process. post_fork fills it in each worker; the

@@ -227,20 +227,27 @@ class ImagePipeline:
     writes into its own buffer.
     """
 
-    def __init__(self, spec: PreprocessSettings, limits: LimitsSettings) -> None:
+    def __init__(self, spec: PreprocessSettings, limits: LimitsSettings, channels: int = 3) -> None:
+        """`channels`: 3 (colour) or 1 (grey: photos are converted with Pillow's "L", ITU-R 601 luma).
+        A `layout` of "auto" is NCHW here: the task settles it from the model first (tasks/image/fit.py)."""
+        if channels not in (1, 3):
+            raise ValueError(f"an image has 1 or 3 channels, not {channels}")
         self.spec = spec
         self.limits = limits
+        self.channels = channels
+        self._grey = channels == 1
         self._resample = _RESAMPLE[spec.resample]
         self._dtype = np.dtype(spec.dtype)
-        self._bgr = spec.channel_order == "BGR"
-        self._nchw = spec.layout == "NCHW"
+        self._bgr = spec.channel_order == "BGR" and not self._grey
+        self._nchw = spec.layout != "NHWC"
         crop = spec.crop
-        self._shape: tuple[int, int, int] = (3, crop, crop) if self._nchw else (crop, crop, 3)
+        self._shape: tuple[int, int, int] = (channels, crop, crop) if self._nchw else (crop, crop, channels)
         # normalised = (x*scale - mean)/std = x*a + b, one multiply and one add per
         # element. mean/std are already in channel_order, so no reordering here.
         # (uint8 models take raw pixels: scale/mean/std are not applied.)
-        mean = np.asarray(spec.mean, np.float64)
-        std = np.asarray(spec.std, np.float64)
+        per_mean, per_std = spec.per_channel(channels)
+        mean = np.asarray(per_mean, np.float64)
+        std = np.asarray(per_std, np.float64)
         a = (spec.scale / std).astype(np.float32)
         b = (-mean / std).astype(np.float32)
         if self._nchw:
@@ -260,7 +267,7 @@ class ImagePipeline:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        """Shape of one preprocessed image: (3, crop, crop) or (crop, crop, 3)."""
+        """Shape of one preprocessed image: (channels, crop, crop) or (crop, crop, channels)."""
         return self._shape
 
     # -- decoding -------------------------------------------------------------
@@ -308,7 +315,7 @@ class ImagePipeline:
         scale = 1.0
         if im.format in ("JPEG", "MPO"):
             # Decode at 1/2, 1/4 or 1/8 scale while still >= the resize target.
-            drafted = im.draft("RGB", (new_w, new_h))
+            drafted = im.draft("L" if self._grey else "RGB", (new_w, new_h))
             if drafted is not None:
                 scale = width / drafted[1][2]
         _load(im, what)
@@ -322,8 +329,10 @@ class ImagePipeline:
         top = round((new_h - spec.crop) / 2.0)
         fx, fy = width / new_w / scale, height / new_h / scale
         box = (left * fx, top * fy, (left + spec.crop) * fx, (top + spec.crop) * fy)
-        small = im.resize((spec.crop, spec.crop), self._resample, box=box, reducing_gap=_REDUCING_GAP)
-        return orient(np.asarray(flatten_alpha(small)), orientation)
+        small = flatten_alpha(im.resize((spec.crop, spec.crop), self._resample, box=box, reducing_gap=_REDUCING_GAP))
+        if self._grey and small.mode != "L":
+            small = small.convert("L")  # after the resize: a third of the pixels to mix
+        return orient(np.asarray(small), orientation)
 
     # -- batching -------------------------------------------------------------
 
@@ -383,7 +392,7 @@ class ImagePipeline:
             np.multiply(src, self._a, out=out)
             np.add(out, self._b, out=out)
         else:
-            for c in range(3):
+            for c in range(self.channels):
                 plane = src[0 if grey else c] if self._nchw else src[:, :, 0 if grey else c]
                 np.take(self._lut[c], plane, out=out[c] if self._nchw else out[:, :, c])
 

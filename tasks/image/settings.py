@@ -20,25 +20,32 @@ class PreprocessSettings(TaskSettings):
     """`[task.preprocess]`: how an uploaded image becomes the model's input tensor.
 
     normalised = (pixel * scale - mean) / std, per channel, in `channel_order`.
+
+    The image's geometry, layout and channel count come from the model where its input shape
+    tells them (`onnxpool.tasks.image.fit`); these keys say what the shape cannot.
     """
 
     resize: int = Field(default=256, ge=1)
-    """Resize so the shorter side is this many pixels (keeps the aspect ratio)."""
+    """Resize so the shorter side is this many pixels (keeps the aspect ratio). Unset, for a model with a
+    fixed input size other than 224: that size x 256/224 (torchvision's ratio)."""
 
     crop: int = Field(default=224, ge=1)
-    """Centre crop to crop x crop pixels after the resize."""
+    """Centre crop to crop x crop pixels after the resize: the model's height and width. Unset, a model
+    with a fixed square input size is fed that size; a model with dynamic height and width gets this."""
 
-    mean: tuple[float, float, float] = (127.0, 127.0, 127.0)
-    """Per-channel mean subtracted after scaling (in channel_order)."""
+    mean: tuple[float, float, float] | tuple[float] = (127.0, 127.0, 127.0)
+    """Per-channel mean subtracted after scaling (in channel_order); one value = the same for every
+    channel. A grey (1-channel) model uses one value (the average of three)."""
 
-    std: tuple[float, float, float] = (128.0, 128.0, 128.0)
-    """Per-channel divisor after the mean (in channel_order)."""
+    std: tuple[float, float, float] | tuple[float] = (128.0, 128.0, 128.0)
+    """Per-channel divisor after the mean (in channel_order); one value = the same for every channel."""
 
     scale: float = Field(default=1.0, gt=0)
     """Pixel values (0..255) are multiplied by this first (e.g. 1/255)."""
 
-    layout: Literal["NCHW", "NHWC"] = "NCHW"
-    """Tensor layout the model expects."""
+    layout: Literal["auto", "NCHW", "NHWC"] = "auto"
+    """Tensor layout the model expects: "auto" reads it from the input's shape ([N, 3, H, W] or
+    [N, H, W, 3]; 1 channel for grey); set it where the shape cannot tell (e.g. [N, ?, ?, ?])."""
 
     channel_order: Literal["RGB", "BGR"] = "RGB"
     """Channel order the model expects."""
@@ -51,7 +58,7 @@ class PreprocessSettings(TaskSettings):
 
     @field_validator("std")
     @classmethod
-    def _nonzero_std(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+    def _nonzero_std(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         if any(v == 0 for v in value):
             raise ValueError("std values must be non-zero")
         return value
@@ -61,6 +68,18 @@ class PreprocessSettings(TaskSettings):
         if self.crop > self.resize:
             raise ValueError(f"crop ({self.crop}) must not exceed resize ({self.resize})")
         return self
+
+    def per_channel(self, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(mean, std) with one value per channel of a model with `channels` (1 or 3) channels."""
+        return _per_channel(self.mean, channels), _per_channel(self.std, channels)
+
+
+def _per_channel(values: tuple[float, ...], channels: int) -> tuple[float, ...]:
+    if len(values) == channels:
+        return values
+    if channels == 1:  # a grey pixel mixes the three: so does its mean (ImageNet's 3 means on a grey model)
+        return (sum(values) / len(values),)
+    return values * channels
 
 
 class ImageClassificationSettings(TaskSettings):
@@ -73,8 +92,10 @@ class ImageClassificationSettings(TaskSettings):
     """The image input ("" = the model's first input)."""
     output_name: str = ""
     """The score output ("" = the model's first output)."""
-    postprocess: Literal["softmax", "sigmoid", "none"] = "softmax"
-    """What turns the output into scores: softmax (logits), sigmoid (multi-label), none."""
+    postprocess: Literal["auto", "softmax", "sigmoid", "none"] = "auto"
+    """What turns the output into scores: softmax (logits), sigmoid (multi-label), none (already scores).
+    "auto": none when the model's output is made by a Softmax or Sigmoid node, or when its rows on the
+    task's own sample photo already sum to 1; softmax otherwise (the start-up log says which and why)."""
     top_k: int = Field(default=5, ge=1)
     """Default number of labels returned per image (a request may ask for another with `top_k`)."""
     preprocess: PreprocessSettings = PreprocessSettings()

@@ -2,8 +2,14 @@
 
 Accepts multipart/form-data with one or more files in the field `image`, or a raw
 body whose Content-Type is `image/*`. All images of one request run as ONE batched
-inference. Its `[task]` table (`tasks/image/settings.py`): preprocessing `[task.preprocess]`,
+inference (in chunks of the model's batch size where that is fixed: zoo models often take
+[1, 3, 224, 224]). Its `[task]` table (`tasks/image/settings.py`): preprocessing `[task.preprocess]`,
 the scores `postprocess`, the class names `labels`, `top_k`, which tensors.
+
+What the model's input shape tells is read from it (`onnxpool.tasks.image.fit`: channels first or
+last, 1 or 3 channels, the size, a fixed batch), and `postprocess = "auto"` reads from the graph
+whether its output already is probabilities; what the graph cannot tell, the task's own sample
+photo does, in the master before any fork (`sample_request`, `rehearsed`: onnxpool.tasks.rehearsal).
 
 `read_images` is public: a task of your own that takes uploaded photos (a detector,
 docs/TASKS.md) reads them with it, and preprocesses them with `ImagePipeline`.
@@ -14,15 +20,27 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from onnxpool.config.settings import LimitsSettings
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, ServedModel, Task, TaskConfigError
-from onnxpool.tasks.classes import load_labels, scores
+from onnxpool.tasks.api import (
+    BytesLike,
+    Feeds,
+    Outputs,
+    RequestParts,
+    Runner,
+    SampleRequest,
+    ServedModel,
+    Task,
+    TaskConfigError,
+)
+from onnxpool.tasks.classes import ScoreMode, load_labels, scores, scores_from_graph, scores_from_rows
 from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
+from onnxpool.tasks.image.fit import ImageInput, image_input
 from onnxpool.tasks.image.imaging import ImagePipeline
 from onnxpool.tasks.image.postprocess import top_k
 from onnxpool.tasks.image.settings import ImageClassificationSettings
@@ -30,6 +48,8 @@ from onnxpool.tasks.uploads import FileField, not_accepted, read_uploads
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
 IMAGE_FIELD = "image"
+SAMPLE_PHOTO = ("samples", "chelsea-cat.jpg")
+"""The photo the task sends itself at start (the package's onnxpool/models/samples): a cat, 451x300 JPEG."""
 IMAGE_TYPES = ("image/*",)
 
 
@@ -103,17 +123,24 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
         """Class names in output-index order ([task] labels), read once, in the master."""
         self.input_name = ""
         self.output_name = ""
+        self.image: ImageInput | None = None
+        """The model's image input as `bind` read it (layout, channels, size, fixed batch)."""
+        self.score_mode: ScoreMode = "softmax" if settings.postprocess == "auto" else settings.postprocess
+        self.score_why = "[task] postprocess"
+        self._scores_undecided = False
+        """postprocess "auto" that the graph could not tell: the sample's rows decide (`rehearsed`)."""
 
     def fingerprint(self) -> str:
         return "\n".join(self.labels) if self.labels is not None else ""
 
     def bind(self, model: ModelInfo) -> None:
         spec = self._input(model)
-        if len(spec.shape) != 4:
-            raise TaskConfigError(
-                f"task {self.name}: input '{spec.name}' has shape {list(spec.shape)}; an image input is "
-                "4-dimensional (batch, and channels/height/width in [task.preprocess] layout)"
-            )
+        try:
+            self.image = image_input(spec, self.settings.preprocess)
+        except TaskConfigError as exc:
+            raise TaskConfigError(f"task {self.name}: {exc}") from None
+        spec_of_model = self.image.spec(self.settings.preprocess)
+        self.pipeline = ImagePipeline(spec_of_model, self.served.limits, self.image.channels)
         output = self._output(model)
         classes = output.shape[1] if len(output.shape) >= 2 else -1
         if self.labels is not None and classes > 0 and len(self.labels) != classes:
@@ -122,6 +149,36 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
                 f"'{output.name}' has {classes} classes"
             )
         self.input_name, self.output_name = spec.name, output.name
+        if self.settings.postprocess == "auto":
+            mode, why = scores_from_graph(model.made_by(output.name), output.name)
+            self._scores_undecided = mode is None
+            self.score_mode = mode or "softmax"
+            self.score_why = why or f"output '{output.name}' taken as logits (no sample run told otherwise)"
+
+    def sample_request(self) -> SampleRequest | None:
+        photo = resources.files("onnxpool.models").joinpath(*SAMPLE_PHOTO).read_bytes()
+        return SampleRequest(route=self.routes[0], content_type="image/jpeg", data=photo)
+
+    def rehearsed(self, inputs: ImageRequest, result: Outputs) -> None:
+        if self._scores_undecided:
+            made_by = self.model.made_by(self.output_name)
+            output = np.asarray(result[self.output_name])
+            self.score_mode, self.score_why = scores_from_rows(output, self.output_name, made_by)
+            self._scores_undecided = False
+
+    def startup_lines(self) -> Sequence[str]:
+        lines = [f"scores: {self.score_mode} ({self.score_why})"]
+        image = self.image
+        if image is not None:
+            spec = self.pipeline.spec
+            kind = "grey" if image.channels == 1 else spec.channel_order
+            batch = f"; the model's batch is fixed at {image.batch}: run in chunks of it" if image.batch > 1 else ""
+            batch = "; the model's batch is fixed at 1: images run one by one" if image.batch == 1 else batch
+            lines.append(
+                f"input '{self.input_name}': {image.layout} ({image.why}), {kind} {image.size}x{image.size} "
+                f"(resize {spec.resize}, crop {spec.crop}), {spec.dtype}{batch}"
+            )
+        return lines
 
     def _input(self, model: ModelInfo) -> TensorSpec:
         return _named(model.inputs, self.settings.input_name, "input")
@@ -142,6 +199,26 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
     def feeds(self, inputs: ImageRequest) -> Feeds:
         return {self.input_name: self.pipeline.preprocess_batch(inputs.images, inputs.names)}
 
+    def run(self, inputs: ImageRequest, runner: Runner) -> Outputs:
+        """One inference of all the images; for a model with a fixed batch size, one per chunk of that size
+        (the last one padded with copies of its last image, whose rows are dropped), outputs concatenated.
+        Splitting costs next to nothing: a chunk is a view of the preprocessed batch, and a batch-1 model
+        runs an image per inference in about the time a batch of n spends per image."""
+        with runner.phase("decode"):
+            batch = self.pipeline.preprocess_batch(inputs.images, inputs.names)
+        size = self.image.batch if self.image is not None else 0
+        if not size or len(batch) == size:
+            return runner.infer({self.input_name: batch}, [self.output_name])
+        parts = []
+        for start in range(0, len(batch), size):
+            chunk = batch[start : start + size]
+            real = len(chunk)
+            if real < size:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], size - real, axis=0)])
+            outputs = runner.infer({self.input_name: chunk}, [self.output_name])
+            parts.append(np.asarray(outputs[self.output_name])[:real])
+        return {self.output_name: np.concatenate(parts)}
+
     def output_names(self) -> Sequence[str]:
         return [self.output_name]
 
@@ -151,7 +228,7 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
     def reply(self, inputs: ImageRequest, result: Outputs) -> dict[str, Any]:
         output = np.asarray(result[self.output_name])
         k = min(inputs.top_k, int(output.shape[-1]) if output.ndim else 1)
-        predictions = top_k(scores(output, self.settings.postprocess), k, self.labels)
+        predictions = top_k(scores(output, self.score_mode), k, self.labels)
         return {"model": self.served.name, "predictions": predictions}
 
     def not_accepted(self, request: RequestParts) -> str:

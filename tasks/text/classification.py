@@ -4,8 +4,9 @@
 strings (a list of such lists). `raw_scores: true` returns the model's logits instead of
 probabilities; `truncate` overrides the `[task] truncate` setting for this request. Scores are a
 softmax over the classes, or a sigmoid each when the model's config.json says
-`problem_type = "multi_label_classification"` (or `[task] scores` says so). Class names:
-`[task] labels` (a file), else config.json `id2label`, else the indices.
+`problem_type = "multi_label_classification"` (or `[task] scores` says so); none when the output is made
+by a Softmax or Sigmoid node (an export with the probabilities inside: a second softmax would flatten
+them). Class names: `[task] labels` (a file), else config.json `id2label`, else the indices.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from pydantic import field_validator
 
 from onnxpool.tasks.api import BytesLike, RequestParts, Runner, ServedModel, TaskConfigError
-from onnxpool.tasks.classes import load_labels, scores
+from onnxpool.tasks.classes import ScoreMode, load_labels, scores, scores_from_graph
 from onnxpool.tasks.errors import BadRequest
 from onnxpool.tasks.json_body import json_operation, read_json
 from onnxpool.tasks.text.base import TextSettings, TextTask
@@ -34,7 +35,8 @@ class TextClassificationSettings(TextSettings):
     output: str = "logits"
     """The model output with the class logits [N, classes]."""
     scores: Literal["auto", "softmax", "sigmoid"] = "auto"
-    """auto = sigmoid for config.json's multi_label_classification, else softmax."""
+    """auto = none when the output is made by a Softmax or Sigmoid node (already probabilities), else sigmoid
+    for config.json's multi_label_classification, else softmax."""
     labels: Path | None = None
     """UTF-8 file with one class name per line, in output-index order ("" = config.json's id2label)."""
 
@@ -74,6 +76,10 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
             self.labels = None
         multi = config.get("problem_type") == "multi_label_classification"
         self.sigmoid = settings.scores == "sigmoid" or (settings.scores == "auto" and multi)
+        self.score_mode: ScoreMode = "sigmoid" if self.sigmoid else "softmax"
+        self.score_why = "[task] scores" if settings.scores != "auto" else "config.json problem_type"
+        if settings.scores == "auto" and not multi:
+            self.score_why = "logits: no multi_label_classification in config.json"
 
     def _model_config(self) -> dict[str, Any]:
         path = self.folder / MODEL_CONFIG
@@ -88,9 +94,16 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
     def fingerprint(self) -> str:
         return f"{super().fingerprint()}, labels {self.labels}, sigmoid {self.sigmoid}"
 
+    def startup_lines(self) -> Sequence[str]:
+        return [f"scores: {self.score_mode} ({self.score_why})"]
+
     def bind(self, model: ModelInfo) -> None:
         super().bind(model)
         classes = self.output_of(model, self.settings.output, "logits [batch, classes]").shape[1]
+        if self.settings.scores == "auto":
+            mode, why = scores_from_graph(model.made_by(self.settings.output), self.settings.output)
+            if mode is not None:
+                self.score_mode, self.score_why = mode, why
         if self.labels is not None and classes > 0 and classes != len(self.labels):
             raise TaskConfigError(
                 f"task text-classification: {len(self.labels)} labels but the model has {classes} classes"
@@ -149,7 +162,7 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
         if inputs.raw_scores:
             values = logits
         else:
-            values = scores(logits, "sigmoid" if self.sigmoid else "softmax")
+            values = scores(logits, self.score_mode)
         names = self.labels or [str(i) for i in range(values.shape[1])]
         rows = []
         for row in values:
