@@ -16,7 +16,8 @@ width, or string inputs, is warmed up on what the task really sends, not on zero
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,7 @@ def rehearse(task: AnyTask, model_file: Path, optimization: str = "all", prepack
     if sample is None:
         return None
     where = f"task {task.name} on its own sample request (POST {sample.route})"
-    with ModelChild(model_file, optimization, prepacking) as child:
+    with ModelChild(model_file, optimization, prepacking) as child, _serial_in_master():
         runner = _ChildRunner(child)
         try:
             inputs = task.read(sample)
@@ -107,6 +108,28 @@ def rehearse(task: AnyTask, model_file: Path, optimization: str = "all", prepack
     if runner.feeds is None:
         raise TaskConfigError(f"{where}: it ran no inference")
     return Rehearsal(runner.feeds, reply, sample.route)
+
+
+# The master forks the workers after this: a thread pool that a library makes lazily while the task
+# runs here would be copied into every worker without its threads, and the first worker call that
+# uses it would wait forever. The one library of the built-in tasks that does so is Hugging Face
+# tokenizers (its rayon pool, made on the first batch encode unless TOKENIZERS_PARALLELISM says
+# serial, which it reads on every call: tasks/text/tokenizing.py); the sample is encoded serially.
+SERIAL_HERE = {"TOKENIZERS_PARALLELISM": "false"}
+
+
+@contextmanager
+def _serial_in_master() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in SERIAL_HERE}
+    os.environ.update(SERIAL_HERE)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _hint(task: AnyTask) -> str:

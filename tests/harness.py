@@ -6,6 +6,7 @@ this module keeps the names the tests import.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from onnxpool.measure.servers import (
@@ -33,6 +34,17 @@ DEMO_MODEL_INFO = ModelInfo(
     outputs=(TensorSpec("logits", "tensor(float)", (-1, 1000)),),
 )
 
+
+def start_and_collect(tmp_path: Path, settings: Mapping[str, str]) -> tuple[int | None, list[str]]:
+    """Start a server that should refuse to start: its exit status and the lines it wrote."""
+    server = start_server(tmp_path, settings, wait=False)
+    try:
+        code = server.process.wait(timeout=60)
+    finally:
+        server.stop()
+    return code, [line for line in server.log().splitlines() if line.strip()]
+
+
 __all__ = [
     "DATA",
     "DEMO_MODEL",
@@ -48,5 +60,6 @@ __all__ = [
     "proc_status",
     "running_server",
     "spawn_logged",
+    "start_and_collect",
     "start_server",
 ]

@@ -6,16 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import start_server
-
-
-def start_and_collect(tmp_path: Path, settings: dict[str, str]) -> tuple[int | None, list[str]]:
-    srv = start_server(tmp_path, settings, wait=False)
-    try:
-        code = srv.process.wait(timeout=60)
-    finally:
-        srv.stop()
-    return code, [line for line in srv.log().splitlines() if line.strip()]
+from tests.harness import start_and_collect
 
 
 @pytest.mark.parametrize(

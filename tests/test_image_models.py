@@ -22,7 +22,7 @@ import requests
 from PIL import Image
 
 from tests import image_variants
-from tests.harness import DATA, DEMO_MODEL, MODEL_NAME, Server, running_server, start_server
+from tests.harness import DATA, DEMO_MODEL, MODEL_NAME, Server, running_server, start_and_collect
 from tests.test_reload import hup_and_wait
 from tests.tiny_models import linear_regressor
 
@@ -137,14 +137,8 @@ def test_a_grey_digit_classifier_answers_colour_photos_and_grey_pngs(tmp_path: P
 
 def test_an_image_task_on_a_model_no_setting_fits_stops_the_start_in_one_line(tmp_path: Path) -> None:
     model = linear_regressor(tmp_path / "rows.onnx", features=10)
-    srv = start_server(
-        tmp_path, {"ONNXPOOL_MODEL__PATH": str(model), "ONNXPOOL_MODEL__TASK": "image-classification"}, wait=False
-    )
-    try:
-        code = srv.process.wait(timeout=60)
-    finally:
-        srv.stop()
-    lines = [line for line in srv.log().splitlines() if line.strip()]
+    settings = {"ONNXPOOL_MODEL__PATH": str(model), "ONNXPOOL_MODEL__TASK": "image-classification"}
+    code, lines = start_and_collect(tmp_path, settings)
     assert code not in (0, None)
     assert len(lines) == 1, lines
     assert "input 'x' [N, 10] is not an image input" in lines[0]

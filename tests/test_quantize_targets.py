@@ -22,7 +22,7 @@ from onnxpool.quantize.report import report_path
 from onnxpool.quantize.targets import choose_recipe, find_qemu, plan_judges
 from onnxpool.workers.cpu_fit import CPUINFO_ENV, ModelRecipe, check_fit, describe, made_for_this_cpu, parse_cpu_flags
 from onnxpool.workers.preflight import probe_model
-from tests.harness import running_server, start_server
+from tests.harness import running_server, start_and_collect
 from tests.test_quantize import SIZE, one_error_line, quantize, work  # noqa: F401 (work: the module fixture)
 
 VNNI_HOST = frozenset({"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"})
@@ -189,12 +189,7 @@ def test_refusal_setting_stops_the_start(vnni_model: Path, tmp_path: Path) -> No
         "ONNXPOOL_MODEL__CPU_MISMATCH": "refuse",
         CPUINFO_ENV: str(cpuinfo(tmp_path, AVX2_HOST)),
     }
-    srv = start_server(tmp_path, settings, wait=False)
-    try:
-        code = srv.process.wait(timeout=60)
-    finally:
-        srv.stop()
-    lines = [line for line in srv.log().splitlines() if line.strip()]
+    code, lines = start_and_collect(tmp_path, settings)
     assert code not in (0, None)
     assert len(lines) == 1 and lines[0].startswith("onnxpool: error:") and "has no VNNI" in lines[0], lines
     # the same model on a CPU with VNNI starts (and is "ok")
