@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 PACKAGE_DIRS := launch cache config host server tasks workers measure quantize models
 PACKAGE_FILES := $(VENV)/.package-files
 
-.PHONY: install run test lint typecheck layers unit bench minilm minilm-check minilm-int8 infinity bench-text lock clean FORCE
+.PHONY: install run test lint typecheck layers unit bounds bench minilm minilm-check minilm-int8 infinity bench-text lock clean FORCE
 
 $(PACKAGE_FILES): FORCE
 	@mkdir -p $(VENV)
@@ -42,6 +42,11 @@ unit: install
 	$(BIN)/pytest -q
 
 test: lint typecheck layers unit
+
+# onnxpool at the lowest and the newest protobuf, grpcio and OpenTelemetry of setup.cfg's ranges, each
+# in a small venv of its own (build/bounds/): the gRPC and tracing tests (.ci/bounds.py; .ci/run runs it).
+bounds: install
+	$(BIN)/python .ci/bounds.py
 
 bench: install
 	$(BIN)/python -m pip install --quiet -e '.[bench,baseline]' --config-settings editable_mode=strict

@@ -40,7 +40,6 @@ from types import FrameType
 from typing import Any, NoReturn
 
 import grpc
-from grpc_health.v1 import health_pb2
 
 from onnxpool import __version__, logs
 from onnxpool.config.loader import ENV_HOST_DIR, load_settings
@@ -48,6 +47,7 @@ from onnxpool.host.grpc_wire import WireError, first_string
 from onnxpool.host.state import HostModel
 from onnxpool.host.view import HostView, not_ready, unavailable
 from onnxpool.server.grpc_proto import grpc_service_pb2 as pb
+from onnxpool.server.grpc_proto import health_pb2
 from onnxpool.server.grpc_server import SERVICE, message_limit
 from onnxpool.server.model_states import READY, repository_index
 from onnxpool.server.routes_v2 import EXTENSIONS, SERVER_NAME

@@ -43,10 +43,11 @@ from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from onnxpool.config.settings import Settings
+from onnxpool.server import grpc_health
 from onnxpool.server.grpc_proto import grpc_service_pb2_grpc as pb_grpc
+from onnxpool.server.grpc_proto import health_pb2
 from onnxpool.server.grpc_service import InferenceService, RunInWorker
 
 if TYPE_CHECKING:
@@ -121,7 +122,14 @@ class ReplyGate:
 class GrpcServer:
     """One worker's gRPC server (see the module doc)."""
 
-    def __init__(self, server: Any, health_servicer: Any, gate: ReplyGate, grace: float, listeners: list[int]) -> None:
+    def __init__(
+        self,
+        server: Any,
+        health_servicer: grpc_health.HealthServicer,
+        gate: ReplyGate,
+        grace: float,
+        listeners: list[int],
+    ) -> None:
         self._server = server
         self._health = health_servicer
         self._gate = gate
@@ -156,8 +164,8 @@ def start(settings: Settings, app: WSGIApplication, run_in_worker: RunInWorker) 
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceService(app, run_in_worker, model.name, model.version, gate.wait), server
     )
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_servicer = grpc_health.HealthServicer()
+    grpc_health.add_to_server(health_servicer, server)
     for name in ("", SERVICE, model.name, *model.aliases):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     port = server.add_insecure_port(server_settings.grpc_bind)

@@ -30,10 +30,10 @@ import requests
 import tritonclient.grpc as tgrpc
 import tritonclient.grpc.aio as tgrpc_aio
 import tritonclient.http as thttp
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from onnxpool.server.grpc_proto import health_pb2, health_pb2_grpc
 from tests.harness import MODEL_NAME, REPO, Server, free_port, proc_status, running_server
 from tests.otlp_receiver import otlp_receiver
 from tests.slow_model import build_slow_model, server_settings
@@ -111,10 +111,9 @@ def test_tritonclient_grpc_unchanged(image_server: tuple[Server, str]) -> None:
         result = client.infer(MODEL_NAME, [tensor], request_id="call-1")
         assert result.get_response().id == "call-1"
         assert np.allclose(result.as_numpy("logits"), rest_logits(server, image), atol=1e-5)
-        # Asking for one output by name, with a request-level parameter, as REST takes them.
-        result = client.infer(
-            MODEL_NAME, [tensor], outputs=[tgrpc.InferRequestedOutput("logits")], parameters={"timeout": 10_000_000}
-        )
+        # Asking for one output by name, with a request-level parameter, as REST takes them (`timeout`:
+        # tritonclient's own argument; its newer releases refuse it in `parameters`, a reserved name).
+        result = client.infer(MODEL_NAME, [tensor], outputs=[tgrpc.InferRequestedOutput("logits")], timeout=10_000_000)
         assert result.as_numpy("logits").shape == (1, 1000)
         # The classification extension, as REST answers it: the top classes with their labels.
         top = client.infer(MODEL_NAME, [tensor], outputs=[tgrpc.InferRequestedOutput("logits", class_count=3)])

@@ -17,10 +17,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb  # onnxpool's own protos would clash with its in one process
 from tritonclient.utils import InferenceServerException
 
+from onnxpool.server.grpc_proto import health_pb2, health_pb2_grpc
 from tests.harness import free_port
 from tests.host_harness import (
     HOST_TEST_MARKS,
