@@ -28,7 +28,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
 from tests.converted_models import BUILDERS, IRIS_ROWS, Converted, build, onnx_feeds
-from tests.harness import Server, free_port, running_server
+from tests.harness import Server, free_port, running_server, start_and_collect
 
 pytestmark = pytest.mark.slow
 
@@ -281,3 +281,12 @@ def test_a_hup_to_a_model_the_task_cannot_serve_keeps_the_last_good_one(tmp_path
         assert "2 class names ([task] classes or labels) but output 'output_probability' has 3 classes" in line
         reply = requests.post(server.url + "/predict", json={"instances": [list(IRIS_ROWS[0].values())]}, timeout=10)
         assert reply.status_code == 200 and list(reply.json()["predictions"][0]["probabilities"]) == ["0", "1", "2"]
+
+
+def test_the_tensors_task_names_the_task_that_serves_a_zipmap(tmp_path: Path) -> None:
+    model = build("forest", tmp_path)
+    code, lines = start_and_collect(
+        tmp_path, {"ONNXPOOL_MODEL__PATH": str(model.path), "ONNXPOOL_MODEL__TASK": "tensors"}
+    )
+    assert code == 1 and len(lines) == 1, lines
+    assert "output_probability (seq(map(int64,tensor(float))))" in lines[0] and 'task = "tabular"' in lines[0]

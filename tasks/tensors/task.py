@@ -40,9 +40,13 @@ class NamedTensors(Task[Tensors, Outputs, TaskSettings]):
     content_types = ("application/json",)
 
     def bind(self, model: ModelInfo) -> None:
-        unserved = [t.name for t in (*model.inputs, *model.outputs) if t.dtype is None]
+        unserved = [t for t in (*model.inputs, *model.outputs) if t.dtype is None]
         if unserved:
-            raise TaskConfigError(f"task tensors: tensors of types onnxpool does not serve: {', '.join(unserved)}")
+            listed = ", ".join(f"{t.name} ({t.onnx_type})" for t in unserved)
+            # A converted classifier's ZipMap and string columns are no plain tensors: the tabular task reads them.
+            converted = any(t.onnx_type.startswith("seq(map(") or t.onnx_type == "tensor(string)" for t in unserved)
+            hint = '; a converted scikit-learn model: [model] task = "tabular" (or "auto")' if converted else ""
+            raise TaskConfigError(f"task tensors: tensors of types onnxpool does not serve: {listed}{hint}")
 
     def read(self, request: RequestParts) -> Tensors:
         model = self.model
