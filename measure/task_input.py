@@ -73,10 +73,21 @@ def sample_requests(
         from onnxpool.tasks.tabular.task import Tabular
 
         assert isinstance(task, Tabular)
-        width = len(task.layout.features)
+        columns = task.layout.columns
+        width = len(columns)
         rng = np.random.default_rng(0)
+
+        def value(kind: str) -> object:  # of the feature's type: a string column takes text, an int64 one integers
+            if kind == "U":
+                return f"category {int(rng.integers(0, 5))}"
+            if kind in "iu":
+                return int(rng.integers(0, 8))
+            if kind == "b":
+                return bool(rng.integers(0, 2))
+            return round(float(rng.uniform(0, 8)), 2)
+
         requests = [
-            LocalRequest.json({"instances": np.round(rng.uniform(0, 8, (batch, width)), 2).tolist()}, route)
+            LocalRequest.json({"instances": [[value(c.kind) for c in columns] for _ in range(batch)]}, route)
             for _ in range(ROWS)
         ]
         return requests, f"rows of {width} features, {per}"
