@@ -227,17 +227,26 @@ def expose_lines(paths: list[Path], staging: Path) -> list[str]:
     """
     hidden = [(path, blocker) for path in paths if (blocker := hidden_behind(path)) is not None]
     stages = [staging / f"expose-{index}" for index in range(len(hidden))]
+    # A path that is itself private (a checkout cloned into `mktemp -d`, 0700) is covered the same
+    # way, holding a bind of each of its entries: a bind of the folder itself would keep its mode.
+    private = [path for path in paths if not os.stat(path).st_mode & 0o001]
+    private_stages = [staging / f"private-{index}" for index in range(len(private))]
     q = shlex.quote
     # All sources are bound aside first: a tmpfs over /root hides every path under it.
     lines = [
         f"mkdir -p {stage} && mount --bind {q(str(path))} {stage}"
-        for (path, _), stage in zip(hidden, stages, strict=True)
+        for path, stage in zip([p for p, _ in hidden] + private, stages + private_stages, strict=True)
     ]
     lines += [f"mount -t tmpfs -o mode=755,size=1m exposed {q(str(b))}" for b in sorted({b for _, b in hidden})]
     lines += [
         f"mkdir -p {q(str(path))} && mount --move {stage} {q(str(path))}"
         for (path, _), stage in zip(hidden, stages, strict=True)
     ]
+    for path, stage in zip(private, private_stages, strict=True):
+        lines.append(f"mount -t tmpfs -o mode=755,size=1m exposed {q(str(path))}")
+        for entry in sorted(path.iterdir()):
+            make = "mkdir -p" if entry.is_dir() else "touch"
+            lines.append(f"{make} {q(str(entry))} && mount --bind {stage}/{q(entry.name)} {q(str(entry))}")
     return lines
 
 
