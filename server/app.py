@@ -35,6 +35,8 @@ from onnxpool.server import callers as caller_gate
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
+from onnxpool.server.inference_log import InferenceLog
+from onnxpool.server.inference_log_plan import plan_inference_log
 from onnxpool.server.operations import TaskOperation, V2Infer
 from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
 from onnxpool.server.tracing import Tracing
@@ -131,6 +133,8 @@ def create_app(
         # Planned here, in the master (a bad OTEL_* variable is a ConfigError like a bad setting);
         # its provider and exporter are each worker's own, made after fork (open_in_worker).
         tracing=Tracing(plan_tracing(settings, task.name), settings.metrics.enabled),
+        # Planned here too; each worker's buffer, shipper thread and connection are made after fork.
+        inference_log=InferenceLog(plan_inference_log(settings), settings.metrics.enabled),
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -186,6 +190,7 @@ def open_in_worker(app: Flask, cores: int) -> None:
     ctx.task.start_in_worker(cores)
     ctx.cache.open()
     ctx.tracing.open(cores)  # `cores` is the session's intra-op threads: the inference spans say it
+    ctx.inference_log.open()
 
 
 def close_in_worker(app: Flask) -> None:
@@ -202,3 +207,14 @@ def close_in_worker(app: Flask) -> None:
         ctx.tracing.close()
     except Exception as exc:
         log.error("tracing: the last spans were not flushed: %s: %s", type(exc).__name__, exc)
+    try:
+        ctx.inference_log.close()
+    except Exception as exc:
+        log.error("inference log: the last events were not sent: %s: %s", type(exc).__name__, exc)
+
+
+def settle_inference_log(app: Flask) -> None:
+    """In a worker after a reply has left (gunicorn post_request, a gRPC call's end): what the request
+    left for the inference log goes into its buffer (`server.inference_log`)."""
+    ctx: ServerContext = app.extensions["onnxpool"]
+    ctx.inference_log.settle()

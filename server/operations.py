@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from onnxpool.cache.key import BytesLike, v2_request_payload
 from onnxpool.server import admission, classification
+from onnxpool.server.inference_log_events import v2_view
 from onnxpool.server.reply import Reply
 from onnxpool.server.reply_cache import Payload
 from onnxpool.server.request_parts import HttpRequestParts
@@ -67,6 +68,9 @@ class Operation(Protocol):
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         """The body of an error reply to this kind of request."""
 
+    def logged(self, read: Any) -> JsonDocument | None:
+        """The inference log's readable view of the request's inputs (None: the body as received)."""
+
 
 VERDICTS_KEPT = 64
 
@@ -109,6 +113,9 @@ class TaskOperation:
 
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         return self.task.error_document(error)
+
+    def logged(self, read: Any) -> JsonDocument | None:
+        return self.task.logged(read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +192,10 @@ class V2Infer:
 
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         return {"error": error.message}
+
+    def logged(self, read: V2Request) -> JsonDocument | None:
+        # Named tensors with shape, datatype and their data inline (binary tensors decoded).
+        return v2_view(read.body, read.header_length)
 
 
 def with_v2_id(reply: Reply, request_id: str) -> Reply:

@@ -1,0 +1,291 @@
+"""A worker's inference log on its way out: a byte-bounded buffer, ONE shipper thread, and the sink.
+
+Made by `server.inference_log.InferenceLog.open` in each worker after fork, never in the master:
+the thread, its lock and the HTTP connection must not cross fork (a thread alive at fork leaves
+its locks half-owned in every child).
+
+- `Buffer`: what the requests leave behind, in arrival order, held to `max_bytes` (events' bytes
+  as they will be sent). `put` never waits: an event that does not fit is refused at once and
+  counted as dropped, so a sink that is down or slow costs memory up to the bound and no request
+  a moment (KServe's logger held one goroutine per event instead: kserve #6167).
+- `Shipper`: the thread that empties it. For a CloudEvents sink each event is one POST (binary
+  content mode has no batches), all of them over one kept-alive `requests.Session`, taken from the
+  buffer as a batch; a refused (5xx) or unreachable sink is retried with doubling back-off, then
+  the event is counted as failed. For files, what a `flush_seconds` window gathered is written in
+  one `write`.
+- `close`: the worker is leaving (TERM, a HUP's replacement, max_requests): the thread sends what
+  is held for at most the plan's close time; what is still held then is counted as dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from onnxpool.server.inference_log_events import Event
+from onnxpool.server.inference_log_plan import InferenceLogPlan
+
+log = logging.getLogger("onnxpool.inference_log")
+
+Count = Callable[[str, int], None]
+"""(outcome, events): sent, dropped or failed."""
+Held = Callable[[int], None]
+"""The buffer's bytes, after each change the shipper makes."""
+Delivered = Callable[[float], None]
+"""Seconds from an event's enqueueing to the sink taking it."""
+
+BACKOFF_FIRST, BACKOFF_MOST = 0.1, 5.0
+EAGER_SHARE = 2
+"""Files: the shipper wakes before `flush_seconds` once the buffer is 1/EAGER_SHARE full."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One event in the buffer: a CloudEvent, or a file's line; when it was put; its bytes."""
+
+    payload: Event | bytes
+    put_at: float
+    size: int
+
+
+class Buffer:
+    """Byte-bounded FIFO between the requests and the shipper (see the module doc)."""
+
+    def __init__(self, max_bytes: int, eager: bool) -> None:
+        self.max_bytes = max_bytes
+        self._eager = eager
+        self._items: deque[Item] = deque()
+        self._bytes = 0
+        self._ready = threading.Condition(threading.Lock())
+        self.closing = False
+
+    @property
+    def held(self) -> int:
+        return self._bytes
+
+    def put(self, item: Item) -> bool:
+        """Keep `item` if it fits (never waits); False: it did not, and is dropped."""
+        with self._ready:
+            if self.closing or self._bytes + item.size > self.max_bytes:
+                return False
+            self._items.append(item)
+            self._bytes += item.size
+            if self._eager or self._bytes * EAGER_SHARE >= self.max_bytes:
+                self._ready.notify()
+        return True
+
+    def take(self, wait: float) -> list[Item]:
+        """Everything held, after waiting at most `wait` s for the first item (files: the whole window)."""
+        with self._ready:
+            if self._eager:
+                if not self._items and not self.closing:
+                    self._ready.wait(wait)
+            elif not self.closing and self._bytes * EAGER_SHARE < self.max_bytes:
+                self._ready.wait(wait)
+            items = list(self._items)
+            self._items.clear()
+            self._bytes = 0
+        return items
+
+    def close(self) -> None:
+        with self._ready:
+            self.closing = True
+            self._ready.notify_all()
+
+
+class Sink(Protocol):
+    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
+        """Send or write `items` in order: (sent, failed). Returns early, counting the rest failed, on `abort`."""
+
+    def close(self) -> None: ...
+
+
+class HttpSink:
+    """A CloudEvents HTTP sink: one POST per event (binary mode), one kept-alive connection, retries."""
+
+    def __init__(self, plan: InferenceLogPlan, delivered: Delivered | None) -> None:
+        self.plan = plan
+        self.delivered = delivered
+        self.session = requests.Session()
+        # One connection (one thread sends), no urllib3 retries: ours back off and can be cut short.
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        self.backoff = 0.0
+        """The pause before the next attempt while the sink keeps failing (0: it answered last time)."""
+
+    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
+        sent = failed = 0
+        for item in items:
+            if abort.is_set():
+                failed += 1
+                continue
+            assert isinstance(item.payload, Event)
+            if self._send(item.payload, abort):
+                sent += 1
+                if self.delivered is not None:
+                    self.delivered(time.monotonic() - item.put_at)
+            else:
+                failed += 1
+        return sent, failed
+
+    def _send(self, event: Event, abort: threading.Event) -> bool:
+        for _attempt in range(self.plan.retries + 1):
+            if self.backoff and abort.wait(self.backoff):
+                return False
+            try:
+                reply = self.session.post(
+                    self.plan.url, data=event.body, headers=event.headers, timeout=self.plan.timeout_seconds
+                )
+                reply.close()
+            except requests.RequestException as exc:
+                self._failed(f"{type(exc).__name__}")
+                continue
+            if reply.status_code < 300:
+                self.backoff = 0.0
+                return True
+            if reply.status_code < 500 and reply.status_code not in (408, 429):
+                self.backoff = 0.0  # the sink answers, and refuses this event: another try would be refused too
+                log.warning("inference log: %s refused an event: HTTP %d", self.plan.url, reply.status_code)
+                return False
+            self._failed(f"HTTP {reply.status_code}")
+        return False
+
+    def _failed(self, why: str) -> None:
+        if not self.backoff:
+            log.warning(
+                "inference log: %s failed (%s); retrying with back-off, dropping what does not fit", self.plan.url, why
+            )
+        self.backoff = min(BACKOFF_MOST, max(BACKOFF_FIRST, self.backoff * 2))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class FileSink:
+    """JSON lines in `path`, a file per worker at a time (no two processes append to one file), rotated."""
+
+    def __init__(self, plan: InferenceLogPlan, delivered: Delivered | None) -> None:
+        self.plan = plan
+        self.delivered = delivered
+        self.folder = Path(plan.path)
+        self._file: IO[bytes] | None = None
+        self._opened_at = 0.0
+        self._written = 0
+        self._serial = 0
+
+    def _target(self) -> IO[bytes]:
+        now = time.monotonic()
+        current = self._file
+        if current is not None and (
+            self._written >= self.plan.rotate_bytes or now - self._opened_at >= self.plan.rotate_seconds
+        ):
+            current.close()
+            current = self._file = None
+        if current is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._serial += 1
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            name = f"{self.plan.model}-{stamp}-{os.getpid()}-{self._serial}.jsonl"
+            current = self._file = open(self.folder / name, "ab")
+            self._opened_at, self._written = now, 0
+        return current
+
+    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
+        if not items:
+            return 0, 0
+        try:
+            target = self._target()
+            data = b"".join(item.payload for item in items if isinstance(item.payload, bytes))
+            target.write(data)
+            target.flush()
+            self._written += len(data)
+        except OSError as exc:
+            log.warning("inference log: cannot write to %s: %s", self.folder, exc)
+            return 0, len(items)
+        if self.delivered is not None:
+            now = time.monotonic()
+            for item in items:
+                self.delivered(now - item.put_at)
+        return len(items), 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Shipper:
+    """The worker's one thread that empties the buffer into the sink (see the module doc)."""
+
+    def __init__(self, plan: InferenceLogPlan, count: Count, held: Held, delivered: Delivered | None) -> None:
+        self.plan = plan
+        self.sink: Sink = HttpSink(plan, delivered) if plan.url else FileSink(plan, delivered)
+        self.buffer = Buffer(plan.max_bytes, eager=bool(plan.url))
+        self.count = count
+        self.held = held
+        self.abort = threading.Event()
+        self._in_hand = 0
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="onnxpool-inference-log", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def put(self, payload: Event | bytes, size: int) -> None:
+        """From a request's thread after its reply: keep the event, or count it dropped."""
+        if self.buffer.put(Item(payload, time.monotonic(), size)):
+            self.held(self.buffer.held)
+        else:
+            self.count("dropped", 1)
+
+    def _run(self) -> None:
+        buffer = self.buffer
+        wait = 1.0 if self.plan.url else self.plan.flush_seconds
+        while True:
+            items = buffer.take(wait)
+            self.held(buffer.held)
+            if not items:
+                if buffer.closing:
+                    break
+                continue
+            with self._lock:
+                self._in_hand = len(items)
+            try:
+                sent, failed = self.sink.deliver(items, self.abort)
+            except Exception as exc:  # a bug must not end the thread: the buffer would fill for good
+                log.error("inference log: %s: %s", type(exc).__name__, exc)
+                sent, failed = 0, len(items)
+            with self._lock:
+                if self._in_hand:  # not already counted by a close that gave up on them
+                    self._in_hand = 0
+                    if sent:
+                        self.count("sent", sent)
+                    if failed:
+                        self.count("failed", failed)
+
+    def close(self, timeout: float) -> None:
+        """Send what is held, at most `timeout` s; count what is left as dropped (see the module doc)."""
+        self.buffer.close()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.abort.set()  # a POST in progress ends with its own timeout; no new one starts
+            with self._lock:
+                left, self._in_hand = self._in_hand, 0
+            left += len(self.buffer.take(0))
+            if left:
+                self.count("dropped", left)
+                log.warning("inference log: %d events not sent before the worker left (dropped, counted)", left)
+            self.held(0)
+        else:
+            self.sink.close()
