@@ -164,6 +164,8 @@ def test_failed_replies_logged_with_status_probes_and_metrics_never(logged: Serv
     statuses = {e.id: e.attributes["statuscode"] for e in events[before:] if e.type == RESPONSE_TYPE}
     assert statuses == {refused.headers["X-Request-ID"]: "401", bad.headers["X-Request-ID"]: "400"}
     assert all(e.attributes["datacontenttype"].startswith("application/json") for e in events[before:])
+    # The shipper is the worker's: the master holds no thread of it (fork rules).
+    assert proc_status(logged.pid)["Threads"] == "1"
 
 
 @pytest.mark.slow
