@@ -305,3 +305,35 @@ def test_term_sends_what_the_buffer_holds(tmp_path: Path) -> None:
             server.stop()
         assert server.process.returncode == 0
         assert sorted(e.id for e in sink.events()) == sorted(ids)
+
+
+# --- replay -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_replay_of_a_log_prints_the_agreement_of_another_server(tmp_path: Path) -> None:
+    from onnxpool.cli import main
+
+    folder = tmp_path / "log"
+    x = np.array([SETOSA, [6.7, 3.0, 5.2, 2.3]], np.float32)
+    encoded = encode_infer_request({"input": x}, {"input"}, binary_output=True, outputs=["probabilities"])
+    with running_server(
+        tmp_path, log_settings(path=str(folder), flush_seconds="0.2"), config=IRIS_CONFIG, workers=1
+    ) as first:
+        session = requests.Session()
+        for row in (SETOSA, VIRGINICA):
+            assert session.post(first.url + IRIS, json={"instances": [row, row]}).status_code == 200
+        assert session.post(first.url + V2, data=encoded.body, headers=encoded.headers).status_code == 200
+        v2_json = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": SETOSA}]}
+        assert session.post(first.url + V2, json=v2_json).status_code == 200
+        assert session.post(first.url + IRIS, json={"instances": [[1.0]]}).status_code == 400
+    (logged,) = folder.glob("*.jsonl")
+    with running_server(tmp_path, log_settings(), config=IRIS_CONFIG, workers=1, name="second") as second:
+        assert main(["replay", str(folder), "--to", second.url, "--min-agreement", "1.0"]) == 0
+        # One logged reply changed: the replay finds it, and --min-agreement fails.
+        lines = logged.read_text().splitlines()
+        record = json.loads(lines[0])
+        record["response"]["body"]["predictions"][0] = "versicolor"
+        tampered = tmp_path / "tampered.jsonl"
+        tampered.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+        assert main(["replay", str(tampered), "--to", second.url, "--min-agreement", "1.0"]) == 1
