@@ -78,9 +78,13 @@ class Buffer:
         with self._ready:
             if self.closing or self._bytes + item.size > self.max_bytes:
                 return False
+            before = self._bytes
             self._items.append(item)
             self._bytes += item.size
-            if self._eager or self._bytes * EAGER_SHARE >= self.max_bytes:
+            # Wake the shipper only when it may be waiting (it takes everything held once awake): HTTP at
+            # the first event, files as the buffer crosses its share.
+            threshold = self.max_bytes // EAGER_SHARE
+            if (self._eager and not before) or (not self._eager and before < threshold <= self._bytes):
                 self._ready.notify()
         return True
 
@@ -123,6 +127,8 @@ class HttpSink:
         self.session.mount("https://", adapter)
         self.backoff = 0.0
         """The pause before the next attempt while the sink keeps failing (0: it answered last time)."""
+        self.closing = False
+        """The worker is leaving: a sink already failing is not waited for again (the rest is counted)."""
 
     def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
         sent = failed = 0
@@ -141,6 +147,8 @@ class HttpSink:
 
     def _send(self, event: Event, abort: threading.Event) -> bool:
         for _attempt in range(self.plan.retries + 1):
+            if self.backoff and self.closing:
+                return False  # failing as the worker leaves: its exit is not held for back-offs
             if self.backoff and abort.wait(self.backoff):
                 return False
             try:
@@ -276,6 +284,8 @@ class Shipper:
 
     def close(self, timeout: float) -> None:
         """Send what is held, at most `timeout` s; count what is left as dropped (see the module doc)."""
+        if isinstance(self.sink, HttpSink):
+            self.sink.closing = True
         self.buffer.close()
         self.thread.join(timeout)
         if self.thread.is_alive():

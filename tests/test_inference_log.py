@@ -264,6 +264,8 @@ def test_a_sink_that_is_down_fails_no_request_drops_are_counted_and_memory_stays
             time.sleep(8)
         rss = int(proc_status(worker)["VmRSS"].split()[0]) * 1024
         found = counts(server)
+    rss_line = f"worker RSS {start_rss / 2**20:.1f} -> {rss / 2**20:.1f} MiB (max_bytes {max_bytes / 2**20:.2f} MiB)"
+    print(f"sink down 8 s: {len(loop.latencies)} requests, {len(loop.failures)} failed, {found}, {rss_line}")
     assert loop.failures == [] and len(loop.latencies) > 100, (loop.failures[:5], len(loop.latencies))
     assert found["dropped"] > 0 and found["failed"] > 0 and found["sent"] == 0, found
     assert found["queue_bytes"] <= max_bytes
@@ -283,6 +285,8 @@ def test_a_slow_sink_leaves_request_latency_unchanged(tmp_path: Path) -> None:
         slow_p50, slow_max, failures = p50_of(log_settings(url=slow.url, max_bytes=str(256 * 1024)))
         assert slow.posts >= 1
     off_p50, _, _ = p50_of({"ONNXPOOL_SERVER__WORKERS": "1", "ONNXPOOL_CACHE__ENABLED": "false", "X": "1"})
+    print(f"slow sink (2 s per POST): p50 {slow_p50 * 1e3:.2f} ms, max {slow_max * 1e3:.1f} ms; log off: p50 "
+          f"{off_p50 * 1e3:.2f} ms")  # fmt: skip
     assert failures == []
     assert slow_max < 1.0  # no request waited for a 2 s POST
     # Loose on a shared CI machine; docs/BENCHMARKS.md has the measured comparison.
@@ -337,3 +341,29 @@ def test_replay_of_a_log_prints_the_agreement_of_another_server(tmp_path: Path) 
         tampered = tmp_path / "tampered.jsonl"
         tampered.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
         assert main(["replay", str(tampered), "--to", second.url, "--min-agreement", "1.0"]) == 1
+
+
+@pytest.mark.slow
+def test_grpc_model_infer_is_logged_like_its_rest_request(tmp_path: Path) -> None:
+    import tritonclient.grpc as tgrpc
+
+    address = f"127.0.0.1:{free_port()}"
+    with cloudevents_receiver() as sink:
+        settings = {**log_settings(url=sink.url), "ONNXPOOL_SERVER__GRPC_BIND": address}
+        with running_server(tmp_path, settings, config=IRIS_CONFIG, workers=1) as server:
+            deadline = time.monotonic() + 30
+            while "gRPC: worker pid=" not in server.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            x = np.array([SETOSA], np.float32)
+            tensor = tgrpc.InferInput("input", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            with tgrpc.InferenceServerClient(address) as client:
+                result = client.infer("iris", [tensor], request_id="grpc-call-1")
+            events = sink.wait_for(2)
+    assert result.as_numpy("probabilities") is not None
+    (ce_id,) = {e.id for e in events}  # onnxpool's request id for the call, on both sides
+    pair = by_id(events, ce_id)
+    assert set(pair) == {REQUEST_TYPE, RESPONSE_TYPE}, [e.attributes for e in events]
+    request = pair[REQUEST_TYPE]
+    length = int(request.attributes["inferenceheadercontentlength"])
+    assert np.array_equal(np.frombuffer(request.data[length:], np.float32), x.reshape(-1))
