@@ -367,3 +367,24 @@ def test_grpc_model_infer_is_logged_like_its_rest_request(tmp_path: Path) -> Non
     request = pair[REQUEST_TYPE]
     length = int(request.attributes["inferenceheadercontentlength"])
     assert np.array_equal(np.frombuffer(request.data[length:], np.float32), x.reshape(-1))
+
+
+@pytest.mark.slow
+def test_a_hups_old_workers_write_what_they_hold_before_they_go(tmp_path: Path) -> None:
+    folder = tmp_path / "log"
+    config = tmp_path / "iris.toml"
+    base = IRIS_CONFIG.read_text().replace("../models/", f"{REPO}/models/")
+    config.write_text(base + f'\n[inference_log]\npath = "{folder}"\nflush_seconds = 300\n')
+    with running_server(tmp_path, {"ONNXPOOL_SERVER__WORKERS": "1"}, config=config, workers=1) as server:
+        (first,) = server.ready_workers()
+        session = requests.Session()
+        ids = [session.post(server.url + IRIS, json={"instances": [SETOSA]}).headers["X-Request-ID"]
+               for _ in range(5)]  # fmt: skip
+        config.write_text(config.read_text() + "[limits]\nmax_batch = 31\n")  # a change: new workers
+        server.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while first in server.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first not in server.workers()
+        records = [json.loads(line) for p in folder.glob("*.jsonl") for line in p.read_text().splitlines()]
+        assert [r["id"] for r in records] == ids  # written by the old worker as it left, not 300 s later
