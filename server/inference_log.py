@@ -42,6 +42,8 @@ log = logging.getLogger("onnxpool.inference_log")
 
 CE_ID_ENVIRON = "HTTP_CE_ID"
 """The caller's `Ce-Id` (KServe's logger uses it as the events' id when it is sent)."""
+MAX_CE_ID = 256
+"""A caller's `Ce-Id` longer than this (or with control characters) is replaced by the request id."""
 BINARY_ENVIRON = "HTTP_" + BINARY_HEADER.upper().replace("-", "_")
 
 
@@ -109,7 +111,8 @@ class InferenceLog:
             value = environ.get(key)
             if value is not None:
                 metadata[name] = [value]
-        ce_id = environ.get(CE_ID_ENVIRON) or request_id.current() or ""
+        asked = environ.get(CE_ID_ENVIRON)
+        ce_id = asked if asked and len(asked) <= MAX_CE_ID and asked.isprintable() else request_id.current() or ""
         self._pending.exchange = Exchange(
             ce_id=ce_id,
             endpoint=environ.get("PATH_INFO", ""),

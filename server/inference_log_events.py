@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -70,6 +71,15 @@ class Event:
         return len(self.body) + sum(len(k) + len(v) + 4 for k, v in self.headers.items())
 
 
+_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%')
+"""What a `ce-*` header value carries as is: printable ASCII but the double quote and the percent sign (the
+CloudEvents HTTP binding, 3.1.3.2: space, `"`, `%` and anything else are percent-encoded)."""
+
+
+def header_value(value: str) -> str:
+    return quote(value, safe=_SAFE)
+
+
 def rfc3339(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -78,13 +88,13 @@ def cloudevents(plan: InferenceLogPlan, exchange: Exchange, now: float) -> list[
     """The exchange's request and/or response event (by `plan.mode` and `exchange.sides`)."""
     common = {
         "ce-specversion": SPEC_VERSION,
-        "ce-id": exchange.ce_id,
-        "ce-source": plan.source,
-        "ce-inferenceservicename": plan.service,
-        "ce-namespace": plan.namespace,
-        "ce-component": plan.component,
-        "ce-endpoint": plan.endpoint,
-        "ce-metadata": jsonfast.dumps(exchange.metadata).decode(),
+        "ce-id": header_value(exchange.ce_id),
+        "ce-source": header_value(plan.source),
+        "ce-inferenceservicename": header_value(plan.service),
+        "ce-namespace": header_value(plan.namespace),
+        "ce-component": header_value(plan.component),
+        "ce-endpoint": header_value(plan.endpoint),
+        "ce-metadata": header_value(jsonfast.dumps(exchange.metadata).decode()),
         "ce-recordedtime": rfc3339(now),
     }
     events: list[Event] = []

@@ -79,6 +79,12 @@ def test_kserve_attributes_and_one_id_for_both_sides() -> None:
         assert (event.headers["ce-namespace"], event.headers["ce-source"]) == ("ns", "pod-1")
         assert event.headers["ce-inferenceservicename"] == "m" and event.headers["ce-endpoint"] == "default"
     assert request.headers["ce-time"] == "2017-07-14T02:40:00.000000Z"
+    # The binding's percent-encoding: `"`, `%`, space and non-ASCII (a header's value may be any of them).
+    assert request.headers["ce-metadata"] == "{%22X-T%22:[%22a%22]}"
+    exchange.metadata = {"X-T": ["é 5%"]}
+    assert cloudevents(plan(url="http://sink/"), exchange, 0)[0].headers["ce-metadata"] == (
+        "{%22X-T%22:[%22%C3%A9%205%25%22]}"
+    )
     exchange.sides = (False, True)  # mode = "response"
     line = json.loads(record(plan(path="/tmp/x", mode="response"), exchange))
     assert "request" not in line and line["response"]["body"] == {"outputs": []}
