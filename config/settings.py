@@ -690,6 +690,10 @@ class InferenceLogSettings(Section):
     rotate_seconds: float = Field(default=3600.0, gt=0)
     """`path`: ... or once it has been open this long."""
 
+    tensor_elements: int = Field(default=16384, ge=0)
+    """`path`: a v2 tensor of more elements than this (an image's pixels) is recorded as its name, datatype,
+    shape and its data's sha256 and size, not its data (the CloudEvents sink always gets the body as sent)."""
+
     service: str = Field(default="", max_length=253)
     """`ce-inferenceservicename`; "" = the model's name."""
 

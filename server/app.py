@@ -165,7 +165,9 @@ def operation_routes(ctx: ServerContext) -> dict[str, Route]:
     model = ctx.settings.model
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
-    v2 = V2Infer(ctx.task, ctx.task.model, model.name, model.version, limits)
+    v2 = V2Infer(
+        ctx.task, ctx.task.model, model.name, model.version, limits, ctx.settings.inference_log.tensor_elements
+    )
     on_task = TaskOperation(ctx.task)
     routes: dict[str, Route] = {}
     # The model's aliases name it in URLs too (those without a `/`: a Hugging Face id is for bodies).

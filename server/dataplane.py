@@ -38,7 +38,7 @@ from werkzeug.wrappers import Request
 
 from onnxpool.server import gates
 from onnxpool.server.context import ServerContext
-from onnxpool.server.operations import Operation
+from onnxpool.server.operations import Operation, V2Infer
 from onnxpool.server.reply import Reply
 from onnxpool.server.request_parts import HttpRequestParts
 from onnxpool.server.request_state import RequestState
@@ -113,7 +113,8 @@ class DataPlane:
         parts, read = seen.parts, seen.read
         body = parts.body_read if parts is not None else None
         inputs = None if read is None else (lambda: operation.logged(read))
-        self.ctx.inference_log.capture(environ, body, reply, inputs, state.timer.wall_ns)
+        v2 = operation.namespace == V2Infer.namespace  # its inputs view is its tensors: no body repeated
+        self.ctx.inference_log.capture(environ, body, reply, inputs, state.timer.wall_ns, v2)
 
     def _answer(
         self, environ: WSGIEnvironment, state: RequestState, operation: Operation, rule: str, seen: _Seen | None

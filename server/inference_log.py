@@ -96,6 +96,7 @@ class InferenceLog:
         reply: Reply,
         inputs: Callable[[], JsonDocument | None] | None,
         arrived_ns: int,
+        v2: bool = False,
     ) -> None:
         """The data plane, a reply made: keep what `settle` will log of this request (references only)."""
         plan = self.plan
@@ -128,6 +129,7 @@ class InferenceLog:
             response_header_length=_length(reply.header(BINARY_HEADER)),
             inputs=inputs,
             sides=(plan.requests, plan.responses),
+            v2=v2,
         )
 
     def settle(self) -> None:

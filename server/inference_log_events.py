@@ -57,6 +57,8 @@ class Exchange:
     """The task's (or v2's) readable view of the inputs, made only for a file record."""
     sides: tuple[bool, bool] = field(default=(True, True))
     """(request, response): which sides this exchange logs."""
+    v2: bool = False
+    """A v2 infer request: its inputs view holds its tensors (the body is not repeated in a record)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +137,11 @@ def record(plan: InferenceLogPlan, exchange: Exchange) -> bytes:
             "bytes": len(exchange.request_body),
             "metadata": exchange.metadata,
         }
-        body = _json_body(exchange.request_type, exchange.request_body, exchange.request_header_length)
+        view = exchange.inputs() if exchange.inputs is not None else None
+        # The body as sent, for a replay, where it is JSON and the inputs are not it already (v2's tensors).
+        body = None if exchange.v2 else _json_body(exchange.request_type, exchange.request_body, None)
         if body is not None:
             request["body"] = body
-        view = exchange.inputs() if exchange.inputs is not None else None
         request["inputs"] = view if view is not None else _opaque(body, exchange.request_body)
         document["request"] = request
     if exchange.sides[1]:
@@ -148,7 +151,7 @@ def record(plan: InferenceLogPlan, exchange: Exchange) -> bytes:
             "content_type": exchange.response_type,
         }
         if exchange.response_header_length is not None:
-            response["body"] = v2_view(exchange.response_body, exchange.response_header_length)
+            response["body"] = v2_view(exchange.response_body, exchange.response_header_length, plan.tensor_elements)
         else:
             response["body"] = _json_body(exchange.response_type, exchange.response_body, None)
         document["response"] = response
@@ -173,8 +176,12 @@ def _opaque(document: JsonDocument | None, body: bytes) -> JsonDocument:
     return document if document is not None else digest(body)
 
 
-def v2_view(body: bytes, header_length: int | None) -> JsonDocument:
-    """A v2 infer body (request or reply; JSON or binary tensors) as JSON with every tensor's data inline."""
+def v2_view(body: bytes, header_length: int | None, max_elements: int | None = None) -> JsonDocument:
+    """A v2 infer body (request or reply; JSON or binary tensors) as JSON with every tensor's data inline.
+
+    A tensor of more than `max_elements` elements (an image's pixels: 150528 floats, 1.5 MB of JSON) keeps
+    its name, datatype and shape, and its data becomes `data_sha256` and `data_bytes` (of its wire bytes).
+    """
     end = len(body) if header_length is None else header_length
     try:
         document = jsonfast.loads(memoryview(body)[:end])
@@ -189,13 +196,30 @@ def v2_view(body: bytes, header_length: int | None) -> JsonDocument:
                 continue
             parameters = item.get("parameters") or {}
             size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+            large = max_elements is not None and _elements(item.get("shape")) > max_elements
             if not isinstance(size, int) or header_length is None:
+                if large and "data" in item:
+                    _summarise(item, jsonfast.dumps(item.pop("data")))
                 continue
             raw = memoryview(body)[offset : offset + size]
             offset += size
-            item["data"] = _decode(str(item.get("datatype", "")), raw)
             parameters.pop("binary_data_size", None)
+            if large:
+                _summarise(item, raw)
+            else:
+                item["data"] = _decode(str(item.get("datatype", "")), raw)
     return document
+
+
+def _elements(shape: Any) -> int:
+    if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape):
+        return 0
+    return int(np.prod(shape)) if shape else 1
+
+
+def _summarise(item: dict[str, Any], raw: bytes | memoryview) -> None:
+    found = digest(raw)
+    item["data_sha256"], item["data_bytes"] = found["sha256"], found["bytes"]
 
 
 def _decode(datatype: str, raw: memoryview) -> Any:

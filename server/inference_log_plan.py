@@ -45,6 +45,7 @@ class InferenceLogPlan:
     retries: int
     rotate_bytes: int
     rotate_seconds: float
+    tensor_elements: int
     close_seconds: float
     """How long a leaving worker may spend sending what it holds (a share of `[server] graceful_timeout`)."""
     service: str
@@ -91,6 +92,7 @@ def plan_inference_log(settings: Settings, environ: Mapping[str, str] | None = N
         retries=section.retries,
         rotate_bytes=section.rotate_bytes,
         rotate_seconds=section.rotate_seconds,
+        tensor_elements=section.tensor_elements,
         close_seconds=close_seconds,
         service=section.service or settings.model.name,
         namespace=section.namespace or env.get(NAMESPACE_ENV, ""),

@@ -138,13 +138,23 @@ class V2Infer:
     namespace = "v2-infer"
     replay_headers: tuple[str, ...] = (BINARY_HEADER,)
 
-    def __init__(self, task: AnyTask, model: ModelInfo, name: str, version: str, limits: RequestLimits) -> None:
+    def __init__(
+        self,
+        task: AnyTask,
+        model: ModelInfo,
+        name: str,
+        version: str,
+        limits: RequestLimits,
+        log_elements: int | None = None,
+    ) -> None:
         self.task = task
         self.signature = task.tensor_signature()
         """The task's own tensors, or None: the model's."""
         self.tensors = self.signature or model
         self.name, self.version = name, version
         self.limits = limits
+        self.log_elements = log_elements
+        """The inference log's files: tensors larger than this are recorded by their digest ([inference_log])."""
 
     def read(self, parts: HttpRequestParts) -> V2Request:
         body = parts.body()  # first: an oversized body is a 413 even when the binary header is bad too
@@ -194,8 +204,8 @@ class V2Infer:
         return {"error": error.message}
 
     def logged(self, read: V2Request) -> JsonDocument | None:
-        # Named tensors with shape, datatype and their data inline (binary tensors decoded).
-        return v2_view(read.body, read.header_length)
+        # Named tensors with shape, datatype and their data inline (binary tensors decoded; large ones digested).
+        return v2_view(read.body, read.header_length, self.log_elements)
 
 
 def with_v2_id(reply: Reply, request_id: str) -> Reply:

@@ -109,3 +109,15 @@ def test_a_dead_sink_drops_past_max_bytes_and_counts_every_event() -> None:
     assert max(held) <= 64 * 1024
     shipper.close(0.5)
     assert sum(counted.values()) == 2000 and counted["dropped"] > 1000, counted
+
+
+def test_a_large_tensor_is_recorded_by_its_digest_a_small_one_by_its_data() -> None:
+    image = np.zeros((1, 3, 96, 96), np.float32)
+    small = np.ones((1, 4), np.float32)
+    encoded = encode_infer_request({"image": image, "small": small}, {"image", "small"}, binary_output=False)
+    length = int(next(v for k, v in encoded.headers.items() if k.lower() == "inference-header-content-length"))
+    view = v2_view(encoded.body, length, max_elements=16384)
+    tensors = {t["name"]: t for t in view["inputs"]}
+    assert "data" not in tensors["image"] and tensors["image"]["data_bytes"] == image.nbytes
+    assert tensors["image"]["data_sha256"] == hashlib.sha256(image.tobytes()).hexdigest()
+    assert tensors["image"]["shape"] == [1, 3, 96, 96] and list(tensors["small"]["data"]) == [1.0] * 4
