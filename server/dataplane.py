@@ -114,7 +114,10 @@ class DataPlane:
         body = parts.body_read if parts is not None else None
         inputs = None if read is None else (lambda: operation.logged(read))
         v2 = operation.namespace == V2Infer.namespace  # its inputs view is its tensors: no body repeated
-        self.ctx.inference_log.capture(environ, body, reply, inputs, state.timer.wall_ns, v2)
+        try:
+            self.ctx.inference_log.capture(environ, body, reply, inputs, state.timer.wall_ns, v2)
+        except Exception:  # the log never fails a request: a bug here is a logged line, the reply goes out
+            log.exception("inference log: request not logged")
 
     def _answer(
         self, environ: WSGIEnvironment, state: RequestState, operation: Operation, rule: str, seen: _Seen | None

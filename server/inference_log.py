@@ -8,8 +8,8 @@ worker_exit (`close`, bounded by half of `[server] graceful_timeout`).
 Never in the request's way. On the request's path the data plane only `capture`s: a draw for
 `sample`, then one small object of references (the body already read, the reply already made)
 kept for this thread. The reply is written and sent first; gunicorn's `post_request` (and the
-gRPC handoff after a call) then `settle`s it: the events are made and put into the buffer, or
-dropped and counted if it is full. That runs after the reply left the socket (post_request
+gRPC handoff after a call) then `settle`s it: it is put into the buffer, or dropped and counted if
+it is full, and the shipper's thread makes its events. That runs after the reply left the socket (post_request
 uncorks it first, `onnxpool.hooks`), where a WSGI close hook would run while the reply is still
 corked and so delay it. Off, a request pays one attribute test.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from onnxpool.server import request_id
-from onnxpool.server.inference_log_events import Exchange, cloudevents, record
+from onnxpool.server.inference_log_events import Exchange
 from onnxpool.server.inference_log_plan import InferenceLogPlan
 from onnxpool.server.reply import Reply
 from onnxpool.server.v2codec import BINARY_HEADER
@@ -139,16 +139,7 @@ class InferenceLog:
         if exchange is None or shipper is None or self.plan is None:
             return
         self._pending.exchange = None
-        try:
-            if self.plan.url:
-                for event in cloudevents(self.plan, exchange, time.time()):
-                    shipper.put(event, event.size)
-            else:
-                line = record(self.plan, exchange)
-                shipper.put(line, len(line))
-        except Exception as exc:  # a task's `logged` may raise anything: never the request's problem
-            log.error("inference log: request %s not logged: %s: %s", exchange.ce_id, type(exc).__name__, exc)
-            shipper.count("failed", 1)
+        shipper.put(exchange)  # references only: the shipper's thread makes the events
 
     def close(self) -> None:
         """Worker, worker_exit: what is held is sent within the plan's close time; the rest is counted dropped."""

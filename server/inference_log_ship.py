@@ -4,15 +4,17 @@ Made by `server.inference_log.InferenceLog.open` in each worker after fork, neve
 the thread, its lock and the HTTP connection must not cross fork (a thread alive at fork leaves
 its locks half-owned in every child).
 
-- `Buffer`: what the requests leave behind, in arrival order, held to `max_bytes` (events' bytes
-  as they will be sent). `put` never waits: an event that does not fit is refused at once and
-  counted as dropped, so a sink that is down or slow costs memory up to the bound and no request
-  a moment (KServe's logger held one goroutine per event instead: kserve #6167).
-- `Shipper`: the thread that empties it. For a CloudEvents sink each event is one POST (binary
-  content mode has no batches), all of them over one kept-alive `requests.Session`, taken from the
-  buffer as a batch; a refused (5xx) or unreachable sink is retried with doubling back-off, then
-  the event is counted as failed. For files, what a `flush_seconds` window gathered is written in
-  one `write`.
+- `Buffer`: what the requests leave behind, in arrival order, held to `max_bytes` (their bodies'
+  bytes and a little more: what their events will take). `put` never waits: a request that does
+  not fit is refused at once and its events counted as dropped, so a sink that is down or slow
+  costs memory up to the bound and no request a moment (KServe's logger held one goroutine per
+  event instead: kserve #6167).
+- `Shipper`: the thread that empties it, and makes the events: what a request left (its body and
+  reply, references) becomes KServe's CloudEvents or a file's record here, not in the worker's
+  request thread. For a CloudEvents sink each event is one POST (binary content mode has no
+  batches), all of them over one kept-alive urllib3 connection, taken from the buffer as a batch;
+  a refused (5xx) or unreachable sink is retried with doubling back-off, then the event is counted
+  as failed. For files, what a `flush_seconds` window gathered is written in one `write`.
 - `close`: the worker is leaving (TERM, a HUP's replacement, max_requests): the thread sends what
   is held for at most the plan's close time; what is still held then is counted as dropped.
 """
@@ -29,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-import requests
-from requests.adapters import HTTPAdapter
+import urllib3
 
-from onnxpool.server.inference_log_events import Event
+from onnxpool.server.inference_log_events import Event, Exchange, cloudevents, record
 from onnxpool.server.inference_log_plan import InferenceLogPlan
 
 log = logging.getLogger("onnxpool.inference_log")
@@ -45,17 +46,21 @@ Delivered = Callable[[float], None]
 """Seconds from an event's enqueueing to the sink taking it."""
 
 BACKOFF_FIRST, BACKOFF_MOST = 0.1, 5.0
+ITEM_OVERHEAD = 1024
+"""Bytes a request's events take besides its two bodies (attributes, metadata, the objects)."""
 EAGER_SHARE = 2
 """Files: the shipper wakes before `flush_seconds` once the buffer is 1/EAGER_SHARE full."""
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One event in the buffer: a CloudEvent, or a file's line; when it was put; its bytes."""
+    """One request in the buffer: what it left (rendered by the shipper), when it was put, its bytes."""
 
-    payload: Event | bytes
+    exchange: Exchange
     put_at: float
     size: int
+    events: int
+    """What it counts as: a CloudEvent per side logged, or one file record."""
 
 
 class Buffer:
@@ -115,16 +120,19 @@ class Sink(Protocol):
 
 
 class HttpSink:
-    """A CloudEvents HTTP sink: one POST per event (binary mode), one kept-alive connection, retries."""
+    """A CloudEvents HTTP sink: one POST per event (binary mode), one kept-alive connection, retries.
+
+    urllib3's pool directly (requests' own transport): a session's per-call work (proxy and netrc look-ups in
+    the environment, cookie jars, hooks) is CPU the worker's request thread would wait for under the GIL.
+    """
 
     def __init__(self, plan: InferenceLogPlan, delivered: Delivered | None) -> None:
         self.plan = plan
         self.delivered = delivered
-        self.session = requests.Session()
-        # One connection (one thread sends), no urllib3 retries: ours back off and can be cut short.
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
+        # One connection (one thread sends), kept alive; no urllib3 retries: ours back off and can be cut short.
+        self.pool = urllib3.connectionpool.connection_from_url(plan.url, maxsize=1, block=False)
+        self.path = urllib3.util.parse_url(plan.url).request_uri
+        self.timeout = urllib3.Timeout(total=plan.timeout_seconds)
         self.backoff = 0.0
         """The pause before the next attempt while the sink keeps failing (0: it answered last time)."""
         self.closing = False
@@ -133,16 +141,19 @@ class HttpSink:
     def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
         sent = failed = 0
         for item in items:
-            if abort.is_set():
+            try:
+                events = cloudevents(self.plan, item.exchange, time.time())
+            except Exception as exc:  # a bug of ours must not stop the others
+                log.error("inference log: request %s not logged: %s: %s", item.exchange.ce_id, type(exc).__name__, exc)
                 failed += 1
                 continue
-            assert isinstance(item.payload, Event)
-            if self._send(item.payload, abort):
-                sent += 1
-                if self.delivered is not None:
-                    self.delivered(time.monotonic() - item.put_at)
-            else:
-                failed += 1
+            for event in events:
+                if not abort.is_set() and self._send(event, abort):
+                    sent += 1
+                    if self.delivered is not None:
+                        self.delivered(time.monotonic() - item.put_at)
+                else:
+                    failed += 1
         return sent, failed
 
     def _send(self, event: Event, abort: threading.Event) -> bool:
@@ -152,32 +163,35 @@ class HttpSink:
             if self.backoff and abort.wait(self.backoff):
                 return False
             try:
-                reply = self.session.post(
-                    self.plan.url, data=event.body, headers=event.headers, timeout=self.plan.timeout_seconds
-                )
-                reply.close()
-            except requests.RequestException as exc:
-                self._failed(f"{type(exc).__name__}")
+                reply = self.pool.urlopen(
+                    "POST", self.path, body=event.body, headers=event.headers, retries=False,
+                    timeout=self.timeout, assert_same_host=False,
+                )  # fmt: skip
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                self._failed(type(exc).__name__)
                 continue
-            if reply.status_code < 300:
+            status = reply.status
+            if status < 300:
                 self.backoff = 0.0
                 return True
-            if reply.status_code < 500 and reply.status_code not in (408, 429):
+            if status < 500 and status not in (408, 429):
                 self.backoff = 0.0  # the sink answers, and refuses this event: another try would be refused too
-                log.warning("inference log: %s refused an event: HTTP %d", self.plan.url, reply.status_code)
+                log.warning("inference log: %s refused an event: HTTP %d", self.plan.url, status)
                 return False
-            self._failed(f"HTTP {reply.status_code}")
+            self._failed(f"HTTP {status}")
         return False
 
     def _failed(self, why: str) -> None:
         if not self.backoff:
             log.warning(
-                "inference log: %s failed (%s); retrying with back-off, dropping what does not fit", self.plan.url, why
+                "inference log: %s failed (%s); retrying with back-off, dropping what does not fit",
+                self.plan.url,
+                why,
             )
         self.backoff = min(BACKOFF_MOST, max(BACKOFF_FIRST, self.backoff * 2))
 
     def close(self) -> None:
-        self.session.close()
+        self.pool.close()
 
 
 class FileSink:
@@ -212,9 +226,16 @@ class FileSink:
     def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
         if not items:
             return 0, 0
+        lines, failed = [], 0
+        for item in items:
+            try:
+                lines.append(record(self.plan, item.exchange))
+            except Exception as exc:  # a task's `logged` may raise anything: that record only is lost
+                log.error("inference log: request %s not logged: %s: %s", item.exchange.ce_id, type(exc).__name__, exc)
+                failed += 1
         try:
             target = self._target()
-            data = b"".join(item.payload for item in items if isinstance(item.payload, bytes))
+            data = b"".join(lines)
             target.write(data)
             target.flush()
             self._written += len(data)
@@ -225,7 +246,7 @@ class FileSink:
             now = time.monotonic()
             for item in items:
                 self.delivered(now - item.put_at)
-        return len(items), 0
+        return len(lines), failed
 
     def close(self) -> None:
         if self._file is not None:
@@ -250,12 +271,18 @@ class Shipper:
     def start(self) -> None:
         self.thread.start()
 
-    def put(self, payload: Event | bytes, size: int) -> None:
-        """From a request's thread after its reply: keep the event, or count it dropped."""
-        if self.buffer.put(Item(payload, time.monotonic(), size)):
+    def put(self, exchange: Exchange) -> None:
+        """From a request's thread after its reply: keep what it left, or count its events dropped.
+
+        Only references are kept (its body and reply, already made); the events are made in this
+        shipper's thread, so the worker's next request does not wait for them.
+        """
+        events = sum(exchange.sides) if self.plan.url else 1
+        size = len(exchange.request_body) + len(exchange.response_body) + ITEM_OVERHEAD
+        if self.buffer.put(Item(exchange, time.monotonic(), size, events)):
             self.held(self.buffer.held)
         else:
-            self.count("dropped", 1)
+            self.count("dropped", events)
 
     def _run(self) -> None:
         buffer = self.buffer
@@ -268,12 +295,12 @@ class Shipper:
                     break
                 continue
             with self._lock:
-                self._in_hand = len(items)
+                self._in_hand = sum(item.events for item in items)
             try:
                 sent, failed = self.sink.deliver(items, self.abort)
             except Exception as exc:  # a bug must not end the thread: the buffer would fill for good
                 log.error("inference log: %s: %s", type(exc).__name__, exc)
-                sent, failed = 0, len(items)
+                sent, failed = 0, sum(item.events for item in items)
             with self._lock:
                 if self._in_hand:  # not already counted by a close that gave up on them
                     self._in_hand = 0
@@ -292,7 +319,7 @@ class Shipper:
             self.abort.set()  # a POST in progress ends with its own timeout; no new one starts
             with self._lock:
                 left, self._in_hand = self._in_hand, 0
-            left += len(self.buffer.take(0))
+            left += sum(item.events for item in self.buffer.take(0))
             if left:
                 self.count("dropped", left)
                 log.warning("inference log: %d events not sent before the worker left (dropped, counted)", left)

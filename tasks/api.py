@@ -316,7 +316,8 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
         """What the inference log (`[inference_log]`, files) records of one request's inputs: what they mean
         for whoever reads the log later (features, strings, an image's digest), never a credential.
 
-        Called in the worker after the reply has left, only for a request the log keeps; `onnxpool.tasks.logged`
+        Called in the worker's inference-log thread after the reply has left (read `self` only: the next
+        request is served meanwhile), only for a request the log keeps; `onnxpool.tasks.logged`
         has the pieces (`tensors`, `digest`). None (the default): the body as received, its JSON document (any
         other body as its sha256 and size).
         """

@@ -103,8 +103,11 @@ def test_a_dead_sink_drops_past_max_bytes_and_counts_every_event() -> None:
     shipper = Shipper(plan(url=nobody, max_bytes=64 * 1024, retries=0), count, held.append, None)
     shipper.start()
     started = time.monotonic()
-    for _ in range(2000):
-        shipper.put(b"x" * 1000, 1000)  # never sent: the sink is down
+    body = b"x" * 1000
+    for i in range(1000):  # each a request and its reply: two events
+        exchange = Exchange(str(i), "/predict", time.time(), "application/json", body, None, {}, 200, time.time(),
+                            "application/json", body)  # fmt: skip
+        shipper.put(exchange)
     assert time.monotonic() - started < 0.5  # put never waits for the sink
     assert max(held) <= 64 * 1024
     shipper.close(0.5)
