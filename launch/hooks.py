@@ -527,15 +527,14 @@ def post_fork(server: Any, worker: Any) -> None:
         seat=seat,
         feeds=s.warmup_feeds,
     )
-    from onnxpool.server.app import open_in_worker, settle_inference_log
+    from onnxpool.server.app import inference_log_settle, open_in_worker
 
     global _opened, _settle_log
     # The task's thread pools, the response cache's connection, the inference log's shipper thread:
     # this worker's own, never the master's.
     open_in_worker(s.app, layout.share_size)
     _opened = s.app
-    app = s.app
-    _settle_log = lambda: settle_inference_log(app)  # noqa: E731 (post_request's one call)
+    _settle_log = inference_log_settle(s.app)
     wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds

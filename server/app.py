@@ -9,6 +9,7 @@ gunicorn master can preload it safely before forking workers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,9 @@ def close_in_worker(app: Flask) -> None:
         log.error("inference log: the last events were not sent: %s: %s", type(exc).__name__, exc)
 
 
-def settle_inference_log(app: Flask) -> None:
-    """In a worker after a reply has left (gunicorn post_request, a gRPC call's end): what the request
-    left for the inference log goes into its buffer (`server.inference_log`)."""
+def inference_log_settle(app: Flask) -> Callable[[], None] | None:
+    """In a worker after `open_in_worker`: what to call after each reply has left (gunicorn post_request, a
+    gRPC call's end) so that what the request left for the inference log goes into its buffer
+    (`server.inference_log`); None while the log is off (nothing to call)."""
     ctx: ServerContext = app.extensions["onnxpool"]
-    ctx.inference_log.settle()
+    return ctx.inference_log.settle if ctx.inference_log.shipper is not None else None

@@ -88,6 +88,14 @@ class InferenceLog:
             log.error("inference log to %s not started: %s: %s", plan.url or plan.path, type(exc).__name__, exc)
             return
         self.shipper = shipper
+        log.info(
+            "inference log: %s of %g of the requests to %s (%s), at most %d bytes held",
+            plan.mode,
+            plan.sample,
+            plan.url or plan.path,
+            "KServe's CloudEvents" if plan.url else "JSON lines",
+            plan.max_bytes,
+        )
 
     def capture(
         self,
