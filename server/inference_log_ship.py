@@ -52,7 +52,7 @@ EAGER_SHARE = 2
 """Files: the shipper wakes before `flush_seconds` once the buffer is 1/EAGER_SHARE full."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
     """One request in the buffer: what it left (rendered by the shipper), when it was put, its bytes."""
 
@@ -61,16 +61,24 @@ class Item:
     size: int
     events: int
     """What it counts as: a CloudEvent per side logged, or one file record."""
+    released: bool = False
+    """Its bytes are back in the buffer's bound (the shipper finished it)."""
 
 
 class Buffer:
-    """Byte-bounded FIFO between the requests and the shipper (see the module doc)."""
+    """Byte-bounded FIFO between the requests and the shipper (see the module doc).
+
+    The bound covers what the shipper has taken and not yet finished too (`release`): a sink that
+    takes 2 s per POST must not let a second `max_bytes` pile up behind the batch in its hands.
+    """
 
     def __init__(self, max_bytes: int, eager: bool) -> None:
         self.max_bytes = max_bytes
         self._eager = eager
         self._items: deque[Item] = deque()
         self._bytes = 0
+        """Every byte held: queued, and taken but not yet released."""
+        self._queued = 0
         self._ready = threading.Condition(threading.Lock())
         self.closing = False
 
@@ -83,28 +91,35 @@ class Buffer:
         with self._ready:
             if self.closing or self._bytes + item.size > self.max_bytes:
                 return False
-            before = self._bytes
+            before = self._queued
             self._items.append(item)
             self._bytes += item.size
-            # Wake the shipper only when it may be waiting (it takes everything held once awake): HTTP at
-            # the first event, files as the buffer crosses its share.
+            self._queued += item.size
+            # Wake the shipper only when it may be waiting (it takes everything queued once awake): HTTP at
+            # the first event, files as the queue crosses its share.
             threshold = self.max_bytes // EAGER_SHARE
-            if (self._eager and not before) or (not self._eager and before < threshold <= self._bytes):
+            if (self._eager and not before) or (not self._eager and before < threshold <= self._queued):
                 self._ready.notify()
         return True
 
     def take(self, wait: float) -> list[Item]:
-        """Everything held, after waiting at most `wait` s for the first item (files: the whole window)."""
+        """Everything queued, after waiting at most `wait` s for the first item (files: the whole window);
+        its bytes stay held until `release`d."""
         with self._ready:
             if self._eager:
                 if not self._items and not self.closing:
                     self._ready.wait(wait)
-            elif not self.closing and self._bytes * EAGER_SHARE < self.max_bytes:
+            elif not self.closing and self._queued * EAGER_SHARE < self.max_bytes:
                 self._ready.wait(wait)
             items = list(self._items)
             self._items.clear()
-            self._bytes = 0
+            self._queued = 0
         return items
+
+    def release(self, size: int) -> None:
+        """The shipper is done with `size` bytes it took (sent, written or failed): room for new events."""
+        with self._ready:
+            self._bytes -= size
 
     def close(self) -> None:
         with self._ready:
@@ -112,9 +127,13 @@ class Buffer:
             self._ready.notify_all()
 
 
+Done = Callable[[Item], None]
+"""Called by a sink as it finishes each item (its bytes are released)."""
+
+
 class Sink(Protocol):
-    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
-        """Send or write `items` in order: (sent, failed). Returns early, counting the rest failed, on `abort`."""
+    def deliver(self, items: list[Item], abort: threading.Event, done: Done) -> tuple[int, int]:
+        """Send or write `items` in order, `done(item)` after each: (sent, failed); on `abort` the rest fail."""
 
     def close(self) -> None: ...
 
@@ -138,14 +157,15 @@ class HttpSink:
         self.closing = False
         """The worker is leaving: a sink already failing is not waited for again (the rest is counted)."""
 
-    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
+    def deliver(self, items: list[Item], abort: threading.Event, done: Done) -> tuple[int, int]:
         sent = failed = 0
         for item in items:
             try:
                 events = cloudevents(self.plan, item.exchange, time.time())
             except Exception as exc:  # a bug of ours must not stop the others
                 log.error("inference log: request %s not logged: %s: %s", item.exchange.ce_id, type(exc).__name__, exc)
-                failed += 1
+                failed += item.events
+                done(item)
                 continue
             for event in events:
                 if not abort.is_set() and self._send(event, abort):
@@ -154,6 +174,7 @@ class HttpSink:
                         self.delivered(time.monotonic() - item.put_at)
                 else:
                     failed += 1
+            done(item)
         return sent, failed
 
     def _send(self, event: Event, abort: threading.Event) -> bool:
@@ -223,7 +244,14 @@ class FileSink:
             self._opened_at, self._written = now, 0
         return current
 
-    def deliver(self, items: list[Item], abort: threading.Event) -> tuple[int, int]:
+    def deliver(self, items: list[Item], abort: threading.Event, done: Done) -> tuple[int, int]:
+        try:
+            return self._write(items)
+        finally:
+            for item in items:
+                done(item)
+
+    def _write(self, items: list[Item]) -> tuple[int, int]:
         if not items:
             return 0, 0
         lines, failed = [], 0
@@ -284,6 +312,12 @@ class Shipper:
         else:
             self.count("dropped", events)
 
+    def _done(self, item: Item) -> None:
+        if not item.released:
+            item.released = True
+            self.buffer.release(item.size)
+            self.held(self.buffer.held)
+
     def _run(self) -> None:
         buffer = self.buffer
         wait = 1.0 if self.plan.url else self.plan.flush_seconds
@@ -297,10 +331,12 @@ class Shipper:
             with self._lock:
                 self._in_hand = sum(item.events for item in items)
             try:
-                sent, failed = self.sink.deliver(items, self.abort)
+                sent, failed = self.sink.deliver(items, self.abort, self._done)
             except Exception as exc:  # a bug must not end the thread: the buffer would fill for good
                 log.error("inference log: %s: %s", type(exc).__name__, exc)
                 sent, failed = 0, sum(item.events for item in items)
+            for item in items:
+                self._done(item)  # those the sink did not finish (a bug): released all the same
             with self._lock:
                 if self._in_hand:  # not already counted by a close that gave up on them
                     self._in_hand = 0

@@ -15,7 +15,7 @@ from onnxpool.config.settings import Settings
 from onnxpool.local import LocalRequest, load_task
 from onnxpool.server.inference_log_events import REQUEST_TYPE, RESPONSE_TYPE, Exchange, cloudevents, record, v2_view
 from onnxpool.server.inference_log_plan import InferenceLogPlan, plan_inference_log
-from onnxpool.server.inference_log_ship import Shipper
+from onnxpool.server.inference_log_ship import Buffer, Item, Shipper
 from onnxpool.server.v2codec import encode_infer_request
 from onnxpool.tasks import jsonfast
 from tests.harness import DEMO_MODEL, REPO, free_port
@@ -124,3 +124,15 @@ def test_a_large_tensor_is_recorded_by_its_digest_a_small_one_by_its_data() -> N
     assert "data" not in tensors["image"] and tensors["image"]["data_bytes"] == image.nbytes
     assert tensors["image"]["data_sha256"] == hashlib.sha256(image.tobytes()).hexdigest()
     assert tensors["image"]["shape"] == [1, 3, 96, 96] and list(tensors["small"]["data"]) == [1.0] * 4
+
+
+def test_what_the_shipper_holds_counts_against_max_bytes_until_it_is_done() -> None:
+    buffer = Buffer(10_000, eager=True)
+    exchange = Exchange("a", "/predict", 0.0, "application/json", b"", None, {})
+    items = [Item(exchange, 0.0, 4_000, 2) for _ in range(3)]
+    assert [buffer.put(item) for item in items] == [True, True, False]
+    taken = buffer.take(0)
+    assert len(taken) == 2 and buffer.held == 8_000
+    assert not buffer.put(items[2])  # a slow sink's batch in hand still holds its bytes
+    buffer.release(4_000)
+    assert buffer.put(items[2]) and buffer.held == 8_000
