@@ -659,6 +659,9 @@ class InferenceLogSettings(Section):
     path: str = ""
     """A folder: each worker writes JSON lines there, one record per request holding both sides."""
 
+    format: Literal["jsonl", "parquet"] = "jsonl"
+    """`path`'s files: JSON lines, or Parquet (a row per request; needs pyarrow: `pip install onnxpool[parquet]`)."""
+
     mode: Literal["all", "request", "response"] = "all"
     """What is logged: both sides, the request only, or the reply only (KServe's logger modes)."""
 
@@ -742,6 +745,8 @@ class InferenceLogSettings(Section):
     def _one_sink(self) -> InferenceLogSettings:
         if self.url and self.path:
             raise ValueError("set url (a CloudEvents sink) or path (a folder of files), not both")
+        if self.format == "parquet" and not self.path:
+            raise ValueError('format = "parquet" is for files: set path')
         return self
 
 

@@ -121,6 +121,11 @@ def _content(headers: dict[str, str], content_type: str, header_length: int | No
 
 def record(plan: InferenceLogPlan, exchange: Exchange) -> bytes:
     """The exchange as one JSON line (files): both sides, readable (see the module doc)."""
+    return jsonfast.dumps(record_document(plan, exchange)) + b"\n"
+
+
+def record_document(plan: InferenceLogPlan, exchange: Exchange) -> dict[str, Any]:
+    """The exchange as one record: both sides, readable (numpy arrays left for orjson to write)."""
     document: dict[str, Any] = {
         "id": exchange.ce_id,
         "model": plan.model,
@@ -155,7 +160,7 @@ def record(plan: InferenceLogPlan, exchange: Exchange) -> bytes:
         else:
             response["body"] = _json_body(exchange.response_type, exchange.response_body, None)
         document["response"] = response
-    return jsonfast.dumps(document) + b"\n"
+    return document
 
 
 def _json_body(content_type: str, body: bytes, header_length: int | None) -> JsonDocument | None:

@@ -11,12 +11,14 @@ deploy/k8s sets; `HOSTNAME`, which the kubelet sets to the pod's name).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from onnxpool.config.loader import ConfigError
 from onnxpool.config.settings import Settings
 
 NAMESPACE_ENV = "POD_NAMESPACE"
@@ -32,6 +34,7 @@ class InferenceLogPlan:
     model: str
     url: str
     path: str
+    format: Literal["jsonl", "parquet"]
     mode: Literal["all", "request", "response"]
     sample: float
     headers: tuple[str, ...]
@@ -73,6 +76,9 @@ def plan_inference_log(settings: Settings, environ: Mapping[str, str] | None = N
     section = settings.inference_log
     if not section.enabled:
         return None
+    # Found, not imported: pyarrow's thread pools must not start in the master (they would not cross fork).
+    if section.format == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise ConfigError('inference_log.format = "parquet" needs pyarrow: pip install "onnxpool[parquet]"')
     env = os.environ if environ is None else environ
     source = section.source or env.get(POD_NAME_ENV, "") or env.get("HOSTNAME", "") or socket.gethostname()
     # Half of graceful_timeout: the rest is for the requests in flight at TERM, which come first.
@@ -81,6 +87,7 @@ def plan_inference_log(settings: Settings, environ: Mapping[str, str] | None = N
         model=settings.model.name,
         url=section.url,
         path=section.path,
+        format=section.format,
         mode=section.mode,
         sample=section.sample,
         headers=tuple(environ_key(name) for name in section.headers),

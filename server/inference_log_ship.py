@@ -29,12 +29,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import urllib3
 
-from onnxpool.server.inference_log_events import Event, Exchange, cloudevents, record
+from onnxpool.server.inference_log_events import Event, Exchange, cloudevents, record_document
 from onnxpool.server.inference_log_plan import InferenceLogPlan
+from onnxpool.tasks import jsonfast
+
+if TYPE_CHECKING:
+    from onnxpool.server.inference_log_parquet import ParquetFile
 
 log = logging.getLogger("onnxpool.inference_log")
 
@@ -216,33 +220,40 @@ class HttpSink:
 
 
 class FileSink:
-    """JSON lines in `path`, a file per worker at a time (no two processes append to one file), rotated."""
+    """Files in `path`, a file per worker at a time (no two processes append to one file), rotated: JSON
+    lines, or Parquet (`server.inference_log_parquet`, imported here, in this thread, at the first write)."""
 
     def __init__(self, plan: InferenceLogPlan, delivered: Delivered | None) -> None:
         self.plan = plan
         self.delivered = delivered
         self.folder = Path(plan.path)
         self._file: IO[bytes] | None = None
+        self._parquet: ParquetFile | None = None
+        self._path: Path | None = None
         self._opened_at = 0.0
         self._written = 0
         self._serial = 0
 
-    def _target(self) -> IO[bytes]:
+    def _rotate(self) -> None:
+        """Close the current file if it is full or old, and open a new one if none is open."""
         now = time.monotonic()
-        current = self._file
-        if current is not None and (
+        if self._path is not None and (
             self._written >= self.plan.rotate_bytes or now - self._opened_at >= self.plan.rotate_seconds
         ):
-            current.close()
-            current = self._file = None
-        if current is None:
+            self.close()
+        if self._path is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._serial += 1
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            name = f"{self.plan.model}-{stamp}-{os.getpid()}-{self._serial}.jsonl"
-            current = self._file = open(self.folder / name, "ab")
-            self._opened_at, self._written = now, 0
-        return current
+            suffix = "parquet" if self.plan.format == "parquet" else "jsonl"
+            path = self.folder / f"{self.plan.model}-{stamp}-{os.getpid()}-{self._serial}.{suffix}"
+            if self.plan.format == "parquet":
+                from onnxpool.server.inference_log_parquet import ParquetFile
+
+                self._parquet = ParquetFile(path)
+            else:
+                self._file = open(path, "ab")
+            self._path, self._opened_at, self._written = path, now, 0
 
     def deliver(self, items: list[Item], abort: threading.Event, done: Done) -> tuple[int, int]:
         try:
@@ -254,32 +265,39 @@ class FileSink:
     def _write(self, items: list[Item]) -> tuple[int, int]:
         if not items:
             return 0, 0
-        lines, failed = [], 0
+        documents, failed = [], 0
         for item in items:
             try:
-                lines.append(record(self.plan, item.exchange))
+                documents.append(record_document(self.plan, item.exchange))
             except Exception as exc:  # a task's `logged` may raise anything: that record only is lost
                 log.error("inference log: request %s not logged: %s: %s", item.exchange.ce_id, type(exc).__name__, exc)
                 failed += 1
         try:
-            target = self._target()
-            data = b"".join(lines)
-            target.write(data)
-            target.flush()
-            self._written += len(data)
-        except OSError as exc:
-            log.warning("inference log: cannot write to %s: %s", self.folder, exc)
+            self._rotate()
+            if self._parquet is not None:
+                self._parquet.write(documents)
+                assert self._path is not None
+                self._written = self._path.stat().st_size
+            elif self._file is not None:
+                data = b"".join(jsonfast.dumps(document) + b"\n" for document in documents)
+                self._file.write(data)
+                self._file.flush()
+                self._written += len(data)
+        except Exception as exc:  # a full disk, a folder gone: these records are lost, counted
+            log.warning("inference log: cannot write to %s: %s: %s", self.folder, type(exc).__name__, exc)
             return 0, len(items)
         if self.delivered is not None:
             now = time.monotonic()
             for item in items:
                 self.delivered(now - item.put_at)
-        return len(lines), failed
+        return len(documents), failed
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-            self._file = None
+        if self._parquet is not None:
+            self._parquet.close()
+        self._file = self._parquet = self._path = None
 
 
 class Shipper:

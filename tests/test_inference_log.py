@@ -68,6 +68,9 @@ def test_each_mistake_is_one_clear_line(tmp_path: Path) -> None:
     config.write_text('[inference_log]\nurl = "http://sink/"\npath = "/tmp/x"\n')
     with pytest.raises(ConfigError, match=r"set url .* or path .*, not both"):
         load_settings(config, environ={})
+    config.write_text('[inference_log]\nurl = "http://sink/"\nformat = "parquet"\n')
+    with pytest.raises(ConfigError, match=r'format = "parquet" is for files: set path'):
+        load_settings(config, environ={})
 
 
 def test_off_by_default_and_per_model_in_a_several_models_file(tmp_path: Path) -> None:
@@ -388,3 +391,21 @@ def test_a_hups_old_workers_write_what_they_hold_before_they_go(tmp_path: Path) 
         assert first not in server.workers()
         records = [json.loads(line) for p in folder.glob("*.jsonl") for line in p.read_text().splitlines()]
         assert [r["id"] for r in records] == ids  # written by the old worker as it left, not 300 s later
+
+
+@pytest.mark.slow
+def test_parquet_files_a_row_per_request(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "log"
+    settings = log_settings(path=str(folder), format="parquet", flush_seconds="0.2")
+    with running_server(tmp_path, settings, config=IRIS_CONFIG, workers=1) as server:
+        session = requests.Session()
+        ids = [session.post(server.url + IRIS, json={"instances": [VIRGINICA]}).headers["X-Request-ID"]
+               for _ in range(5)]  # fmt: skip
+        assert proc_status(server.pid)["Threads"] == "1"  # pyarrow's pools are the worker's
+    (written,) = folder.glob("*.parquet")
+    table = pq.read_table(written)
+    assert table.column("id").to_pylist() == ids and set(table.column("status").to_pylist()) == {200}
+    assert json.loads(table.column("inputs")[0].as_py()) == {"instances": [VIRGINICA]}
+    assert "predictions" in json.loads(table.column("response_body")[0].as_py())
