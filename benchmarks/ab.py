@@ -85,10 +85,11 @@ def embeddings_rate(generator: LoadGenerator, args: argparse.Namespace) -> float
 
 
 @contextmanager
-def trace_sink() -> Iterator[str]:
-    """benchmarks.trace_sink on a free loopback port, in a process of its own; its endpoint."""
+def trace_sink(delay: float = 0.0) -> Iterator[str]:
+    """benchmarks.trace_sink on a free loopback port, in a process of its own (each answer `delay` s late)."""
     port = free_port()
-    sink = subprocess.Popen([sys.executable, "-m", "benchmarks.trace_sink", "--port", str(port)], cwd=REPO)
+    argv = [sys.executable, "-m", "benchmarks.trace_sink", "--port", str(port), "--delay", str(delay)]
+    sink = subprocess.Popen(argv, cwd=REPO)
     try:
         deadline = time.monotonic() + 10
         while True:

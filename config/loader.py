@@ -205,9 +205,10 @@ def pool_view(values: Mapping[str, Any], name: str, config_file: Path | None = N
     """What the pool of model `name` serves from a several-model file: a one-model settings tree.
 
     `[models.<name>]` becomes `[model]` (named `name`), `[tasks.<name>]` becomes `[task]`, its
-    `limits` table overrides `[limits]`, `cache = false` turns `[cache]` off for it, its workers
-    and threads are `[server]`'s and its `bind` (and `grpc_bind`) the pool's address. The host's own keys (budget,
-    traffic, optional) stay out: they are the host's plan (onnxpool.host).
+    `limits` table overrides `[limits]` (and its `inference_log` table `[inference_log]`), `cache = false`
+    turns `[cache]` off for it, its workers and threads are `[server]`'s and its `bind` (and `grpc_bind`)
+    the pool's address. The host's own keys (budget, traffic, optional) stay out: they are the host's
+    plan (onnxpool.host).
     """
     from onnxpool.config.settings import HOST_ONLY_KEYS
 
@@ -225,6 +226,8 @@ def pool_view(values: Mapping[str, Any], name: str, config_file: Path | None = N
     view[TASK_TABLE] = dict(tasks.get(name, {})) if isinstance(tasks, Mapping) else {}
     if host.get("limits"):
         view["limits"] = {**values.get("limits", {}), **host["limits"]}
+    if host.get("inference_log"):
+        view["inference_log"] = {**values.get("inference_log", {}), **host["inference_log"]}
     if host.get("cache") is False:
         view["cache"] = {**values.get("cache", {}), "enabled": False}
     server = dict(values.get("server", {}))

@@ -272,6 +272,9 @@ class ModelEntry(ModelSettings):
     limits: dict[str, Any] = Field(default_factory=dict)
     """`[models.<name>.limits]`: `[limits]` keys that differ for this model (e.g. max_queue_ms)."""
 
+    inference_log: dict[str, Any] = Field(default_factory=dict)
+    """`[models.<name>.inference_log]`: `[inference_log]` keys that differ for this model (e.g. its own url)."""
+
     @field_validator("cpus")
     @classmethod
     def _positive_cpus(cls, value: float | str) -> float | str:
@@ -634,6 +637,119 @@ class TracingSettings(Section):
         return value and check_otlp_url(value)
 
 
+NEVER_LOGGED_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "x-auth-token"}
+)
+"""Request headers `[inference_log] headers` refuses: credentials (API keys travel as `Authorization`)."""
+
+
+class InferenceLogSettings(Section):
+    """`[inference_log]`: every request and reply of the model (or a sample), as KServe's logger writes them.
+
+    Off unless `url` or `path` is set. Each worker buffers events in memory (at most `max_bytes`) and
+    one thread of its own, made after fork, sends them after the replies have left: a sink that is
+    down or slow drops events (counted in /metrics), never a request. docs/DEPLOYING.md, "Inference log".
+    With several models, `[models.<name>.inference_log]` overrides these keys for one model.
+    """
+
+    url: str = ""
+    """An HTTP(S) CloudEvents sink (a Knative broker, KServe's message-dumper): each request and reply is
+    POSTed as a binary-mode CloudEvent, KServe's `org.kubeflow.serving.inference.request`/`.response`."""
+
+    path: str = ""
+    """A folder: each worker writes JSON lines there, one record per request holding both sides."""
+
+    format: Literal["jsonl", "parquet"] = "jsonl"
+    """`path`'s files: JSON lines, or Parquet (a row per request; needs pyarrow: `pip install onnxpool[parquet]`)."""
+
+    mode: Literal["all", "request", "response"] = "all"
+    """What is logged: both sides, the request only, or the reply only (KServe's logger modes)."""
+
+    sample: float = Field(default=1.0, ge=0.0, le=1.0)
+    """The share of requests logged (each request drawn at random; 1.0 = every one)."""
+
+    headers: tuple[str, ...] = ()
+    """Request headers sent along as the events' `metadata` (KServe's `metadataHeaders`); never a
+    credential (Authorization, cookies, API keys are refused)."""
+
+    failures: bool = True
+    """Log refused and failed replies too (4xx, 5xx), with their status; false = 200s only (KServe's way)."""
+
+    max_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024, le=4 * 1024**3)
+    """Memory for events not yet sent, per worker; a new event that does not fit is dropped (and counted)."""
+
+    flush_seconds: float = Field(default=1.0, gt=0, le=300)
+    """Longest time an event waits in the buffer before it is sent or written."""
+
+    timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    """Longest wait for the sink to take one event (then it is retried, then counted as failed)."""
+
+    retries: int = Field(default=2, ge=0, le=10)
+    """Attempts after the first for an event the sink refused (5xx) or could not be reached for, with back-off."""
+
+    rotate_bytes: int = Field(default=64 * 1024 * 1024, ge=4096)
+    """`path`: a worker starts a new file once its current one holds this many bytes."""
+
+    rotate_seconds: float = Field(default=3600.0, gt=0)
+    """`path`: ... or once it has been open this long."""
+
+    tensor_elements: int = Field(default=16384, ge=0)
+    """`path`: a v2 tensor of more elements than this (an image's pixels) is recorded as its name, datatype,
+    shape and its data's sha256 and size, not its data (the CloudEvents sink always gets the body as sent)."""
+
+    service: str = Field(default="", max_length=253)
+    """`ce-inferenceservicename`; "" = the model's name."""
+
+    namespace: str = Field(default="", max_length=253)
+    """`ce-namespace`; "" = `$POD_NAMESPACE` (the Kubernetes downward API, deploy/k8s sets it), else ""."""
+
+    component: str = Field(default="predictor", max_length=253)
+    """`ce-component` (KServe: predictor, transformer or explainer)."""
+
+    endpoint: str = Field(default="", max_length=253)
+    """`ce-endpoint` (KServe: default or canary); "" = `$ONNXPOOL_ENDPOINT`, else "default"."""
+
+    source: str = Field(default="", max_length=1024)
+    """`ce-source`; "" = `$POD_NAME`, else `$HOSTNAME` (a pod's name), else this host's name."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url or self.path)
+
+    @field_validator("url")
+    @classmethod
+    def _sink_url(cls, value: str) -> str:
+        try:
+            return value and check_otlp_url(value)
+        except ValueError:
+            raise ValueError('must be an http:// or https:// URL with a host, e.g. "http://broker.ns.svc/"') from None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if value and not Path(value).is_absolute():
+            raise ValueError('must be an absolute folder, or "" for no files')
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _no_credentials(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+                raise ValueError(f"{name!r} is not a header name")
+            if name.lower() in NEVER_LOGGED_HEADERS:
+                raise ValueError(f"{name!r} carries credentials and is never logged")
+        return value
+
+    @model_validator(mode="after")
+    def _one_sink(self) -> InferenceLogSettings:
+        if self.url and self.path:
+            raise ValueError("set url (a CloudEvents sink) or path (a folder of files), not both")
+        if self.format == "parquet" and not self.path:
+            raise ValueError('format = "parquet" is for files: set path')
+        return self
+
+
 def check_otlp_url(value: str) -> str:
     """An OTLP/HTTP URL: http:// or https://, a host, no query or fragment (the endpoint settings)."""
     match = re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d{1,5})?(/[^\s?#]*)?", value)
@@ -659,6 +775,7 @@ class Settings(Section):
     metrics: MetricsSettings = MetricsSettings()
     cache: CacheSettings = CacheSettings()
     tracing: TracingSettings = TracingSettings()
+    inference_log: InferenceLogSettings = InferenceLogSettings()
     task: dict[str, Any] = Field(default_factory=dict)
     """`[task]`: the settings of `[model] task`, validated by the task's own model when it is built."""
     models: dict[str, ModelEntry] = Field(default_factory=dict)

@@ -220,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Argument declarations only; the measuring and quantizing code loads when its command runs.
     from onnxpool.measure import cli as bench_cli
+    from onnxpool.measure import replay as replay_cli
     from onnxpool.quantize import cli as quantize_cli
 
     tools = (
@@ -240,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
             "measure the worker layouts (several models: their budgets) and recommend (or --write) the best",
             bench_cli.add_tune_arguments,
             bench_cli.tune_command,
+        ),
+        (
+            "replay",
+            "send the requests of an [inference_log] folder to a server and print how its replies agree",
+            replay_cli.add_replay_arguments,
+            replay_cli.replay_command,
         ),
         (
             "quantize",

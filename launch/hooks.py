@@ -164,6 +164,8 @@ _serving: Serving | None = None
 _unchanged = False
 """Set by a reload's `configure()` that read what is served: that reload forks no workers."""
 _opened: Flask | None = None
+_settle_log: Callable[[], None] | None = None
+"""Worker: puts what the request just answered left for the inference log into its buffer (post_request)."""
 """Worker: the app whose task `start_in_worker` has run here (its `finish` runs in worker_exit)."""
 
 
@@ -525,12 +527,14 @@ def post_fork(server: Any, worker: Any) -> None:
         seat=seat,
         feeds=s.warmup_feeds,
     )
-    from onnxpool.server.app import open_in_worker
+    from onnxpool.server.app import inference_log_settle, open_in_worker
 
-    global _opened
-    # The task's thread pools and the response cache's connection: this worker's own, never the master's.
+    global _opened, _settle_log
+    # The task's thread pools, the response cache's connection, the inference log's shipper thread:
+    # this worker's own, never the master's.
     open_in_worker(s.app, layout.share_size)
     _opened = s.app
+    _settle_log = inference_log_settle(s.app)
     wire.cache_http_date()
     WSGI_APP.current = s.app  # this worker serves the generation it was forked in
     runs = report.run_seconds
@@ -592,6 +596,8 @@ def _serve_grpc(s: Serving, worker: Any) -> None:
             return call()
         finally:
             RUNTIME.request_ended(waiting)
+            if _settle_log is not None:
+                _settle_log()  # the call's reply is made; the gRPC thread sends it meanwhile
             RUNTIME.give_back()
             _publish_memory(s, _MEMORY.due())
 
@@ -877,6 +883,8 @@ def post_request(req: Any, resp: Any) -> None:
     RUNTIME.request_ended(getattr(req, QUEUED_ATTRIBUTE, False))
     if resp is not None:
         wire.uncork(resp.sock)  # the whole reply is written: send it (see GenerationApp)
+    if _settle_log is not None:
+        _settle_log()  # the inference log's events, made only now that the reply has left
     RUNTIME.give_back()  # [model] memory_arena: a statm read, unless the worker grew past its headroom
     if _serving is not None:
         _publish_memory(_serving, _MEMORY.due())  # a clock read, unless the last reading is 5 s old

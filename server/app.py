@@ -9,6 +9,7 @@ gunicorn master can preload it safely before forking workers.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from onnxpool.server import callers as caller_gate
 from onnxpool.server.backend import InferenceBackend
 from onnxpool.server.context import ServerContext, error_response, json_response
 from onnxpool.server.dataplane import DataPlane, Route
+from onnxpool.server.inference_log import InferenceLog
+from onnxpool.server.inference_log_plan import plan_inference_log
 from onnxpool.server.operations import TaskOperation, V2Infer
 from onnxpool.server.reply_cache import ReplyCache, settings_fingerprint
 from onnxpool.server.tracing import Tracing
@@ -131,6 +134,8 @@ def create_app(
         # Planned here, in the master (a bad OTEL_* variable is a ConfigError like a bad setting);
         # its provider and exporter are each worker's own, made after fork (open_in_worker).
         tracing=Tracing(plan_tracing(settings, task.name), settings.metrics.enabled),
+        # Planned here too; each worker's buffer, shipper thread and connection are made after fork.
+        inference_log=InferenceLog(plan_inference_log(settings), settings.metrics.enabled),
     )
     app.extensions["onnxpool"] = ctx
     # Order matters: size (no body read), then who is asking, then is it still worth serving.
@@ -161,7 +166,9 @@ def operation_routes(ctx: ServerContext) -> dict[str, Route]:
     model = ctx.settings.model
     bounds = ctx.settings.limits
     limits = RequestLimits(bounds.max_batch, bounds.max_elements, bounds.max_json_depth)
-    v2 = V2Infer(ctx.task, ctx.task.model, model.name, model.version, limits)
+    v2 = V2Infer(
+        ctx.task, ctx.task.model, model.name, model.version, limits, ctx.settings.inference_log.tensor_elements
+    )
     on_task = TaskOperation(ctx.task)
     routes: dict[str, Route] = {}
     # The model's aliases name it in URLs too (those without a `/`: a Hugging Face id is for bodies).
@@ -186,6 +193,7 @@ def open_in_worker(app: Flask, cores: int) -> None:
     ctx.task.start_in_worker(cores)
     ctx.cache.open()
     ctx.tracing.open(cores)  # `cores` is the session's intra-op threads: the inference spans say it
+    ctx.inference_log.open()
 
 
 def close_in_worker(app: Flask) -> None:
@@ -202,3 +210,15 @@ def close_in_worker(app: Flask) -> None:
         ctx.tracing.close()
     except Exception as exc:
         log.error("tracing: the last spans were not flushed: %s: %s", type(exc).__name__, exc)
+    try:
+        ctx.inference_log.close()
+    except Exception as exc:
+        log.error("inference log: the last events were not sent: %s: %s", type(exc).__name__, exc)
+
+
+def inference_log_settle(app: Flask) -> Callable[[], None] | None:
+    """In a worker after `open_in_worker`: what to call after each reply has left (gunicorn post_request, a
+    gRPC call's end) so that what the request left for the inference log goes into its buffer
+    (`server.inference_log`); None while the log is off (nothing to call)."""
+    ctx: ServerContext = app.extensions["onnxpool"]
+    return ctx.inference_log.settle if ctx.inference_log.shipper is not None else None

@@ -7,13 +7,14 @@ import loops (docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Response, current_app
 
 from onnxpool.config.settings import Settings
 from onnxpool.server.backend import InferenceBackend
+from onnxpool.server.inference_log import InferenceLog
 from onnxpool.server.reply_cache import ReplyCache
 from onnxpool.server.tracing import Tracing
 from onnxpool.tasks import jsonfast
@@ -34,6 +35,8 @@ class ServerContext:
     """The response cache ([cache]); opened in each worker after fork, until then it just computes."""
     tracing: Tracing
     """Tracing ([tracing]); started in each worker after fork, off until then (and when not configured)."""
+    inference_log: InferenceLog = field(default_factory=lambda: InferenceLog(None, False))
+    """The inference log ([inference_log]); started in each worker after fork, off until then."""
 
 
 def json_response(document: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -31,14 +31,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request
 
 from onnxpool.server import gates
 from onnxpool.server.context import ServerContext
-from onnxpool.server.operations import Operation
+from onnxpool.server.operations import Operation, V2Infer
 from onnxpool.server.reply import Reply
 from onnxpool.server.request_parts import HttpRequestParts
 from onnxpool.server.request_state import RequestState
@@ -87,30 +87,55 @@ class DataPlane:
         state = RequestState.of(environ)
         state.labels = (self.model_name, route.rule)
         operation = route.operation
+        # What the inference log keeps of the request (its parts as read): only while it is on in this worker.
+        seen = _Seen() if self.ctx.inference_log.shipper is not None else None
         try:
             # The whole request marks this worker working (its decoding and encoding use its core too):
             # no other worker of the model starts a wide run on its cores meanwhile (workers/wide.py).
             with self.ctx.backend.occupied():
-                return self._answer(environ, state, operation, route.rule)
+                reply = self._answer(environ, state, operation, route.rule, seen)
         except OnnxpoolError as exc:
-            return _error_reply(operation, exc)
+            reply = _error_reply(operation, exc)
         except HTTPException as exc:  # werkzeug's own, e.g. a malformed header it parsed for us
             message = exc.description or exc.name
-            return _error_reply(operation, OnnxpoolError(message, status=exc.code or 400))
+            reply = _error_reply(operation, OnnxpoolError(message, status=exc.code or 400))
         except Exception:  # a bug, not bad input: logged whole, a JSON 500, the worker lives on
             log.exception("unhandled error on POST %s", environ.get("PATH_INFO", ""))
-            return _error_reply(operation, OnnxpoolError("internal server error", status=500))
+            reply = _error_reply(operation, OnnxpoolError("internal server error", status=500))
+        if seen is not None:
+            self._keep_for_log(environ, state, operation, seen, reply)
+        return reply
 
-    def _answer(self, environ: WSGIEnvironment, state: RequestState, operation: Operation, rule: str) -> Reply:
+    def _keep_for_log(
+        self, environ: WSGIEnvironment, state: RequestState, operation: Operation, seen: _Seen, reply: Reply
+    ) -> None:
+        # References only: the log's events are made after the reply has left (server.inference_log).
+        parts, read = seen.parts, seen.read
+        body = parts.body_read if parts is not None else None
+        inputs = None if read is None else (lambda: operation.logged(read))
+        v2 = operation.namespace == V2Infer.namespace  # its inputs view is its tensors: no body repeated
+        try:
+            self.ctx.inference_log.capture(environ, body, reply, inputs, state.timer.wall_ns, v2)
+        except Exception:  # the log never fails a request: a bug here is a logged line, the reply goes out
+            log.exception("inference log: request not logged")
+
+    def _answer(
+        self, environ: WSGIEnvironment, state: RequestState, operation: Operation, rule: str, seen: _Seen | None
+    ) -> Reply:
         ctx = self.ctx
         req = Request(environ)
         # A body without Content-Length (chunked) ends one byte past the limit: `read_body` then says 413.
         req.max_content_length = self.max_body + 1
+        parts = HttpRequestParts(req, rule, self.max_body)
+        if seen is not None:
+            seen.parts = parts
         gates.run(self.gates, req)
         loaded_model(ctx)
         timer = state.timer
         with timer.phase("decode"):
-            read = operation.read(HttpRequestParts(req, rule, self.max_body))
+            read = operation.read(parts)
+        if seen is not None:
+            seen.read = read
         key = operation.key(read)
         looked = ctx.cache.look_up(state, operation.namespace, key) if key is not None else None
         if looked is not None and looked.reply is not None:
@@ -123,6 +148,16 @@ class DataPlane:
         if looked is not None:
             reply.headers.extend(ctx.cache.outcome_headers(looked))
         return reply
+
+
+class _Seen:
+    """What one request's parts and reading were, for the inference log (set as the data plane gets them)."""
+
+    __slots__ = ("parts", "read")
+
+    def __init__(self) -> None:
+        self.parts: HttpRequestParts | None = None
+        self.read: Any = None
 
 
 def _error_reply(operation: Operation, error: OnnxpoolError) -> Reply:

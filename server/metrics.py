@@ -160,6 +160,27 @@ TRACE_SPANS = Counter(
     ["outcome"],
 )
 TRACE_OUTCOMES = ("exported", "export_failed", "queue_full")
+INFERENCE_LOG_EVENTS = Counter(
+    "onnxpool_inference_log_events",
+    "Inference log events ([inference_log]; files: one record per request) by model and outcome: sent (the "
+    "sink took it, or it was written), dropped (the worker's buffer was full, or it was still held when the "
+    "worker left), failed (the sink refused it or could not be reached, after its retries).",
+    ["model", "outcome"],
+)
+INFERENCE_LOG_OUTCOMES = ("sent", "dropped", "failed")
+INFERENCE_LOG_QUEUE_BYTES = Gauge(
+    "onnxpool_inference_log_queue_bytes",
+    "Bytes of inference log events waiting in the workers' buffers (summed over live workers; each at most "
+    "[inference_log] max_bytes).",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+INFERENCE_LOG_DELIVERY_SECONDS = Histogram(
+    "onnxpool_inference_log_delivery_seconds",
+    "From an inference log event's reply to the sink taking it (or the file write), by model.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,6 +247,26 @@ def observe_spans(outcome: str, count: int) -> None:
     """Spans exported or dropped (TRACE_OUTCOMES); called from the exporter's thread too (prometheus_client
     values are thread-safe)."""
     _child(TRACE_SPANS, (outcome,)).inc(count)
+
+
+def inference_log_opened(model: str) -> None:
+    """In a worker whose inference log started: every outcome's series at 0 (so that increase() sees the first)."""
+    for outcome in INFERENCE_LOG_OUTCOMES:
+        _child(INFERENCE_LOG_EVENTS, (model, outcome))
+    _child(INFERENCE_LOG_QUEUE_BYTES, (model,)).set(0)
+
+
+def observe_inference_log(model: str, outcome: str, count: int = 1) -> None:
+    """Events sent, dropped or failed (called from the shipper's thread too: values are thread-safe)."""
+    _child(INFERENCE_LOG_EVENTS, (model, outcome)).inc(count)
+
+
+def inference_log_queue(model: str, held: int) -> None:
+    _child(INFERENCE_LOG_QUEUE_BYTES, (model,)).set(held)
+
+
+def inference_log_delivered(model: str, seconds: float) -> None:
+    _child(INFERENCE_LOG_DELIVERY_SECONDS, (model,)).observe(seconds)
 
 
 def observe_batch(model: str, batch: int) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from onnxpool.cache.key import BytesLike, v2_request_payload
 from onnxpool.server import admission, classification
+from onnxpool.server.inference_log_events import v2_view
 from onnxpool.server.reply import Reply
 from onnxpool.server.reply_cache import Payload
 from onnxpool.server.request_parts import HttpRequestParts
@@ -67,6 +68,9 @@ class Operation(Protocol):
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         """The body of an error reply to this kind of request."""
 
+    def logged(self, read: Any) -> JsonDocument | None:
+        """The inference log's readable view of the request's inputs (None: the body as received)."""
+
 
 VERDICTS_KEPT = 64
 
@@ -110,6 +114,9 @@ class TaskOperation:
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         return self.task.error_document(error)
 
+    def logged(self, read: Any) -> JsonDocument | None:
+        return self.task.logged(read)
+
 
 @dataclass(frozen=True, slots=True)
 class V2Request:
@@ -131,13 +138,23 @@ class V2Infer:
     namespace = "v2-infer"
     replay_headers: tuple[str, ...] = (BINARY_HEADER,)
 
-    def __init__(self, task: AnyTask, model: ModelInfo, name: str, version: str, limits: RequestLimits) -> None:
+    def __init__(
+        self,
+        task: AnyTask,
+        model: ModelInfo,
+        name: str,
+        version: str,
+        limits: RequestLimits,
+        log_elements: int | None = None,
+    ) -> None:
         self.task = task
         self.signature = task.tensor_signature()
         """The task's own tensors, or None: the model's."""
         self.tensors = self.signature or model
         self.name, self.version = name, version
         self.limits = limits
+        self.log_elements = log_elements
+        """The inference log's files: tensors larger than this are recorded by their digest ([inference_log])."""
 
     def read(self, parts: HttpRequestParts) -> V2Request:
         body = parts.body()  # first: an oversized body is a 413 even when the binary header is bad too
@@ -185,6 +202,10 @@ class V2Infer:
 
     def error_document(self, error: OnnxpoolError) -> JsonDocument:
         return {"error": error.message}
+
+    def logged(self, read: V2Request) -> JsonDocument | None:
+        # Named tensors with shape, datatype and their data inline (binary tensors decoded; large ones digested).
+        return v2_view(read.body, read.header_length, self.log_elements)
 
 
 def with_v2_id(reply: Reply, request_id: str) -> Reply:

@@ -99,6 +99,11 @@ class HttpRequestParts:
         """A request header (for the server's own operations, such as v2 infer's binary header length)."""
         return self._request.headers.get(name)
 
+    @property
+    def body_read(self) -> bytes | None:
+        """The body if it was read (the inference log's copy of it: none is made), else None."""
+        return self._body
+
     def body(self) -> bytes:
         if self._body is None:
             self._body = read_body(self._request, self._max_body)

@@ -312,6 +312,17 @@ class Task(ABC, Generic[InputsT, ResultT, SettingsT]):
     def reply(self, inputs: InputsT, result: ResultT) -> JsonDocument:
         """The reply document (sent as JSON, status 200)."""
 
+    def logged(self, inputs: InputsT) -> JsonDocument | None:
+        """What the inference log (`[inference_log]`, files) records of one request's inputs: what they mean
+        for whoever reads the log later (features, strings, an image's digest), never a credential.
+
+        Called in the worker's inference-log thread after the reply has left (read `self` only: the next
+        request is served meanwhile), only for a request the log keeps; `onnxpool.tasks.logged`
+        has the pieces (`tensors`, `digest`). None (the default): the body as received, its JSON document (any
+        other body as its sha256 and size).
+        """
+        return None
+
     def class_names(self) -> Sequence[str] | None:
         """Names of a classifier's classes in output-index order, or None. The v2 `classification`
         output parameter (Open Inference Protocol's classification extension) labels its top classes

@@ -210,6 +210,11 @@ def onnxpool(tmp_path_factory: pytest.TempPathFactory, collector: Receiver) -> I
     settings |= {"ONNXPOOL_CALLERS__IDENTIFY": "header", "ONNXPOOL_CALLERS__LANES": "1"}
     # Traced, to a real OTLP receiver: onnxpool_trace_spans_total for the Tracing row.
     settings |= {"ONNXPOOL_TRACING__ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    # An inference log to files: onnxpool_inference_log_* for the Inference log row.
+    settings |= {
+        "ONNXPOOL_INFERENCE_LOG__PATH": str(tmp / "inference-log"),
+        "ONNXPOOL_INFERENCE_LOG__FLUSH_SECONDS": "0.2",
+    }
     server = start_server(tmp, settings, workers=2, lanes=1)
     try:
         yield server

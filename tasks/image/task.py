@@ -30,6 +30,7 @@ from onnxpool.config.settings import LimitsSettings
 from onnxpool.tasks.api import (
     BytesLike,
     Feeds,
+    JsonDocument,
     Outputs,
     RequestParts,
     Runner,
@@ -44,6 +45,7 @@ from onnxpool.tasks.image.fit import ImageInput, image_input
 from onnxpool.tasks.image.imaging import ImagePipeline
 from onnxpool.tasks.image.postprocess import top_k
 from onnxpool.tasks.image.settings import ImageClassificationSettings
+from onnxpool.tasks.logged import digest
 from onnxpool.tasks.uploads import FileField, not_accepted, read_uploads
 from onnxpool.workers.model_info import ModelInfo, TensorSpec
 
@@ -191,6 +193,11 @@ class ImageClassification(Task[ImageRequest, Outputs, ImageClassificationSetting
         return ImageRequest(
             uploads.images, uploads.names, _requested_top_k(request, self.settings.top_k, uploads.fields)
         )
+
+    def logged(self, inputs: ImageRequest) -> JsonDocument:
+        # Each image's digest and size, not its bytes (an audit matches them to the caller's files).
+        images = [{"name": name, **digest(image)} for name, image in zip(inputs.names, inputs.images, strict=True)]
+        return {"images": images, "top_k": inputs.top_k}
 
     def canonical(self, inputs: ImageRequest) -> Sequence[BytesLike]:
         # The images' bytes in order (not the multipart framing or file names) and top_k.

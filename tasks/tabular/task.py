@@ -35,6 +35,7 @@ from onnxpool.tasks import jsonfast
 from onnxpool.tasks.api import (
     BytesLike,
     Feeds,
+    JsonDocument,
     Outputs,
     RequestParts,
     SampleRequest,
@@ -346,6 +347,20 @@ class Tabular(Task[Instances, Outputs, TabularSettings]):
 
     def _feature_list(self) -> str:
         return ", ".join(name or f"column {j}" for j, name in enumerate(self.layout.features))
+
+    def logged(self, inputs: Instances) -> JsonDocument:
+        # The rows as features, named where the model names them: what drift monitoring reads. numpy
+        # scalars, not `tolist()`'s floats: orjson writes a float32 as its shortest repr (5.1, not 5.0999999).
+        layout = self.layout
+        if layout.per_feature_inputs:
+            columns = [list(inputs.feeds[c.name].reshape(-1)) for c in layout.columns]
+        else:
+            matrix = next(iter(inputs.feeds.values()))
+            columns = [list(matrix[:, j]) for j in range(len(layout.columns))]
+        names = layout.features
+        if all(names):
+            return {"instances": [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]}
+        return {"instances": [list(row) for row in zip(*columns, strict=True)]}
 
     def canonical(self, inputs: Instances) -> Sequence[BytesLike]:
         # The values as the model gets them (a list and an object with the same values are one request).

@@ -19,9 +19,19 @@ from typing import Any
 import numpy as np
 
 from onnxpool.tasks import jsonfast
-from onnxpool.tasks.api import BytesLike, Feeds, Outputs, RequestParts, Task, TaskConfigError, TaskSettings
+from onnxpool.tasks.api import (
+    BytesLike,
+    Feeds,
+    JsonDocument,
+    Outputs,
+    RequestParts,
+    Task,
+    TaskConfigError,
+    TaskSettings,
+)
 from onnxpool.tasks.errors import BadRequest, PayloadTooLarge
 from onnxpool.tasks.json_body import json_operation, read_json
+from onnxpool.tasks.logged import tensors
 from onnxpool.workers.model_info import ModelInfo
 
 
@@ -85,6 +95,9 @@ class NamedTensors(Task[Tensors, Outputs, TaskSettings]):
                 )
             arrays[spec.name] = array
         return Tensors(arrays)
+
+    def logged(self, inputs: Tensors) -> JsonDocument:
+        return {"inputs": tensors(inputs.arrays)}
 
     def canonical(self, inputs: Tensors) -> Sequence[BytesLike]:
         parts: list[BytesLike] = []

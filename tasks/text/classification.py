@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import field_validator
 
-from onnxpool.tasks.api import BytesLike, RequestParts, Runner, ServedModel, TaskConfigError
+from onnxpool.tasks.api import BytesLike, JsonDocument, RequestParts, Runner, ServedModel, TaskConfigError
 from onnxpool.tasks.classes import ScoreMode, load_labels, scores, scores_from_graph
 from onnxpool.tasks.errors import BadRequest
 from onnxpool.tasks.json_body import json_operation, read_json
@@ -134,6 +134,9 @@ class TextClassification(TextTask[Classify, np.ndarray, TextClassificationSettin
                 raise BadRequest(f'"{key}" must be true or false')
             flags[key] = value
         return Classify(texts, single, flags["raw_scores"], flags["truncate"])
+
+    def logged(self, inputs: Classify) -> JsonDocument:
+        return {"texts": inputs.texts}
 
     def canonical(self, inputs: Classify) -> Sequence[BytesLike]:
         head = f"{int(inputs.single)}{int(inputs.raw_scores)}{int(inputs.truncate)}".encode()

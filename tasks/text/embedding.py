@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxpool.tasks.api import BytesLike, RequestParts, Runner, ServedModel
+from onnxpool.tasks.api import BytesLike, JsonDocument, RequestParts, Runner, ServedModel
 from onnxpool.tasks.errors import BadRequest, OnnxpoolError
 from onnxpool.tasks.text.base import TextTask
 from onnxpool.tasks.text.openai_schema import (
@@ -100,6 +100,11 @@ class TextEmbedding(TextTask[EmbeddingsRequest, Embeddings, TextEmbeddingOptions
                 f"'dimensions' is {asked.dimensions}; the model's embeddings have {self.width}", param="dimensions"
             )
         return asked
+
+    def logged(self, inputs: EmbeddingsRequest) -> JsonDocument:
+        if inputs.pretokenized:
+            return {"token_ids": inputs.token_ids}
+        return {"texts": inputs.texts}
 
     def canonical(self, inputs: EmbeddingsRequest) -> Sequence[BytesLike]:
         return [canonical_key(inputs)]
