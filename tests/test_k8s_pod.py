@@ -151,7 +151,7 @@ def rendered_pod() -> Pod:
         containers[c["name"]] = Container(
             name=c["name"],
             argv=[*c["command"], *c.get("args", [])],
-            env={e["name"]: str(e["value"]) for e in c.get("env", [])},
+            env={e["name"]: env_value(e, dep) for e in c.get("env", [])},
             empty_dirs=empty_dirs,
             config_maps=config_maps,
             cpu_limit=cpu_quantity(str(c["resources"]["limits"]["cpu"])),
@@ -208,6 +208,18 @@ class CpuQuota:
             except OSError:
                 time.sleep(0.1)
         self.path.rmdir()
+
+
+def env_value(entry: dict[str, Any], dep: dict[str, Any]) -> str:
+    """A container's env entry: its `value`, or the pod field its `valueFrom.fieldRef` names, as the
+    kubelet fills it (the downward API's `metadata.name` and `metadata.namespace`)."""
+    if "value" in entry:
+        return str(entry["value"])
+    field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+    metadata = dep["metadata"]
+    fields = {"metadata.name": f"{metadata['name']}-0", "metadata.namespace": str(metadata.get("namespace", "default"))}
+    assert field in fields, f"env {entry['name']}: only {sorted(fields)} of the downward API are emulated"
+    return fields[field]
 
 
 def hidden_behind(path: Path) -> Path | None:
