@@ -249,8 +249,18 @@ def container_args(
             args += ["-v", f"{folder}:{m['mountPath']}:ro"]
         else:
             sys.exit(f"volume {m['name']}: only emptyDir and configMap are emulated")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")["metadata"]
+    # The downward API's fields the manifests read (valueFrom.fieldRef), filled as the kubelet does.
+    namespace = deployment.get("namespace", "default")
+    pod_fields = {"metadata.name": f"{deployment['name']}-0", "metadata.namespace": namespace}
     for e in c.get("env", []):
-        args += ["-e", f"{e['name']}={e['value']}"]
+        if "value" in e:
+            args += ["-e", f"{e['name']}={e['value']}"]
+            continue
+        field = e["valueFrom"]["fieldRef"]["fieldPath"]
+        if field not in pod_fields:
+            sys.exit(f"env {e['name']}: only {sorted(pod_fields)} of the downward API are emulated")
+        args += ["-e", f"{e['name']}={pod_fields[field]}"]
     if c.get("command"):
         args += ["--entrypoint", json.dumps(c["command"])]
     return args
